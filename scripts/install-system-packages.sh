@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages parley's tests and tools use, only those that are missing.
+#   espeak-ng, sox        speech audio for tests and benchmarks
+#   chromium(-driver)     the real browser of the browser tests
+set -euo pipefail
+packages=(espeak-ng sox chromium chromium-driver libsndfile1)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "installing system packages: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
