@@ -1,0 +1,257 @@
+"""Settings: one typed object, made in one place (flags > environment > config file > defaults).
+
+Every field is a `parley serve` flag (`--field-name`) and an environment variable (`PARLEY_FIELD_NAME`).
+No other module reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "PARLEY_"
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Parley, a helpful voice assistant talking to a caller on the phone. "
+    "Reply in English, in one or two short spoken sentences. No lists, no markdown."
+)
+DEFAULT_GREETING = "Hello, this is Parley. How can I help you today?"
+DEFAULT_BACKCHANNELS = (
+    "mhm",
+    "mm",
+    "hmm",
+    "uh huh",
+    "yeah",
+    "yes",
+    "yep",
+    "okay",
+    "ok",
+    "right",
+    "sure",
+    "i see",
+    "got it",
+)
+
+
+def _opt(help: str, group: str = "service", choices: Sequence[str] | None = None) -> dict[str, Any]:
+    return {"help": help, "group": group, "choices": choices}
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "parley"
+
+
+@dataclass(frozen=True)
+class Settings:
+    # service
+    host: str = field(default="127.0.0.1", metadata=_opt("address the HTTP server binds to"))
+    port: int = field(default=8080, metadata=_opt("HTTP port"))
+    sip: str = field(default="off", metadata=_opt("SIP listen address host:port, or 'off'"))
+    token: str = field(
+        default="", metadata=_opt("bearer token required on /offer, /whip and /api (empty: none)")
+    )
+    max_calls: int = field(default=16, metadata=_opt("calls accepted at once; beyond it 503 + Retry-After"))
+    max_body_bytes: int = field(default=65536, metadata=_opt("largest accepted signaling body (bytes)"))
+    web_dir: str = field(default="", metadata=_opt("folder served at / (default: the repository's web/)"))
+    log_level: str = field(default="info", metadata=_opt("debug, info, warning, error"))
+    debug_audio_dir: str = field(
+        default="", metadata=_opt("write every user utterance here as a WAV (for debugging; '' = off)")
+    )
+    # WebRTC
+    ice_addresses: tuple[str, ...] = field(
+        default=(), metadata=_opt("local addresses offered as ICE host candidates (comma list)", "webrtc")
+    )
+    ice_servers: tuple[str, ...] = field(
+        default=(), metadata=_opt("STUN/TURN URLs (comma list; turn:user:pass@host:port)", "webrtc")
+    )
+    # engines
+    device: str = field(default="auto", metadata=_opt("where models run", "engines", ("auto", "cpu", "cuda")))
+    cache_dir: str = field(
+        default="", metadata=_opt("model cache folder (default ~/.cache/parley)", "engines")
+    )
+    vad_model: str = field(
+        default="silero", metadata=_opt("'silero' or a path to a silero ONNX file", "engines")
+    )
+    stt_model: str = field(
+        default="base",
+        metadata=_opt(
+            "'base' (packaged), a faster-whisper size/hub name, or a CTranslate2 folder", "engines"
+        ),
+    )
+    stt_language: str = field(default="en", metadata=_opt("spoken language ('' detects)", "engines"))
+    stt_workers: int = field(default=1, metadata=_opt("parallel STT batches", "engines"))
+    stt_max_batch: int = field(default=8, metadata=_opt("utterances transcribed together at most", "engines"))
+    llm_model: str = field(
+        default="smollm2-135m",
+        metadata=_opt("'smollm2-135m' (packaged), a causal-LM hub name, or a local folder", "engines"),
+    )
+    llm_runtime: str = field(
+        default="ctranslate2",
+        metadata=_opt("how a local LLM runs", "engines", ("ctranslate2", "transformers")),
+    )
+    llm_url: str = field(
+        default="", metadata=_opt("OpenAI-compatible endpoint (…/v1) instead of a local LLM", "engines")
+    )
+    llm_api_key: str = field(default="", metadata=_opt("API key for --llm-url", "engines"))
+    llm_endpoint_model: str = field(default="", metadata=_opt("model name sent to --llm-url", "engines"))
+    llm_workers: int = field(default=2, metadata=_opt("replies generated in parallel", "engines"))
+    llm_max_tokens: int = field(default=80, metadata=_opt("longest reply, in tokens", "engines"))
+    llm_temperature: float = field(default=0.0, metadata=_opt("0 = greedy", "engines"))
+    tts_voice: str = field(
+        default="joe",
+        metadata=_opt("'joe' (packaged Piper voice) or a path to a Piper .onnx voice", "engines"),
+    )
+    # conversation
+    system_prompt: str = field(
+        default=DEFAULT_SYSTEM_PROMPT, metadata=_opt("the LLM's instructions", "agent")
+    )
+    greeting: str = field(
+        default=DEFAULT_GREETING, metadata=_opt("said at call start ('' for none)", "agent")
+    )
+    history_turns: int = field(default=12, metadata=_opt("past turns sent to the LLM", "agent"))
+    # turn-taking and barge-in
+    vad_threshold: float = field(
+        default=0.5, metadata=_opt("speech probability that counts as speech", "turns")
+    )
+    min_speech_ms: int = field(
+        default=200, metadata=_opt("speech needed for a turn, a reopen or a barge-in to count", "turns")
+    )
+    end_of_turn_ms: int = field(
+        default=300, metadata=_opt("silence that ends a turn (speculatively)", "turns")
+    )
+    reopen_grace_ms: int = field(
+        default=600, metadata=_opt("after a turn ends, speech within this reopens it", "turns")
+    )
+    blip_silence_ms: int = field(
+        default=160, metadata=_opt("silence that ends a candidate interruption (a blip)", "turns")
+    )
+    backchannel_max_ms: int = field(
+        default=700, metadata=_opt("speech longer than this always interrupts the agent", "turns")
+    )
+    backchannels: tuple[str, ...] = field(
+        default=DEFAULT_BACKCHANNELS, metadata=_opt("words that never interrupt the agent", "turns")
+    )
+    preroll_ms: int = field(default=300, metadata=_opt("audio kept before speech onset", "turns"))
+    max_turn_s: float = field(
+        default=20.0, metadata=_opt("longest utterance before a forced turn end", "turns")
+    )
+
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+
+    def with_changes(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _convert(name: str, kind: Any, raw: Any) -> Any:
+    """Turn a raw value (string from a flag or the environment, or a TOML value) into the field's type."""
+    try:
+        if kind in ("tuple[str, ...]",):
+            if isinstance(raw, str):
+                return tuple(part.strip() for part in raw.split(",") if part.strip())
+            return tuple(str(part) for part in raw)
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "str":
+            return str(raw)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{name}: {raw!r} is not a valid {kind}") from exc
+    raise SettingsError(f"{name}: unsupported setting type {kind}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per setting. Defaults stay None so that the environment and the file can fill them."""
+    parser.add_argument(
+        "--config", help="TOML or JSON settings file (keys as in the flags, with underscores)"
+    )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in fields(Settings):
+        group_name = f.metadata.get("group", "service")
+        group = groups.get(group_name) or parser.add_argument_group(group_name)
+        groups[group_name] = group
+        default = f.default
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        env = ENV_PREFIX + f.name.upper()
+        group.add_argument(
+            _flag(f.name),
+            dest=f.name,
+            default=None,
+            choices=f.metadata.get("choices"),
+            help=f"{f.metadata.get('help', '')} [env {env}; default {shown!r}]",
+        )
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc}") from exc
+    try:
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"config file {path} is not valid: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must hold a table of settings")
+    return {key.replace("-", "_"): value for key, value in data.items()}
+
+
+def load_settings(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Build the settings: flags win over the environment, which wins over the config file."""
+    environ = os.environ if environ is None else environ
+    given: dict[str, Any] = {}
+    config_path = getattr(args, "config", None) or environ.get(ENV_PREFIX + "CONFIG")
+    known = {f.name: f for f in fields(Settings)}
+    if config_path:
+        for key, value in _read_file(config_path).items():
+            if key not in known:
+                raise SettingsError(f"config file {config_path}: unknown setting {key!r}")
+            given[key] = value
+    for name in known:
+        env_value = environ.get(ENV_PREFIX + name.upper())
+        if env_value is not None:
+            given[name] = env_value
+    if args is not None:
+        for name in known:
+            value = getattr(args, name, None)
+            if value is not None:
+                given[name] = value
+    converted = {name: _convert(name, str(known[name].type), value) for name, value in given.items()}
+    settings = Settings(**converted)
+    validate(settings)
+    return settings
+
+
+def validate(settings: Settings) -> None:
+    if not 0 < settings.port < 65536:
+        raise SettingsError(f"port {settings.port} is out of range")
+    if settings.device not in ("auto", "cpu", "cuda"):
+        raise SettingsError(f"device must be auto, cpu or cuda, not {settings.device!r}")
+    if settings.llm_runtime not in ("ctranslate2", "transformers"):
+        raise SettingsError(f"llm_runtime must be ctranslate2 or transformers, not {settings.llm_runtime!r}")
+    if settings.max_calls < 1:
+        raise SettingsError("max_calls must be at least 1")
+    if not 0.0 < settings.vad_threshold < 1.0:
+        raise SettingsError("vad_threshold must be between 0 and 1")
+    for name in ("min_speech_ms", "end_of_turn_ms", "blip_silence_ms", "backchannel_max_ms"):
+        if getattr(settings, name) <= 0:
+            raise SettingsError(f"{name} must be positive")
