@@ -1,0 +1,116 @@
+"""The models behind the call stages: loaded once per process, shared by every call.
+
+Nothing here imports torch at module import time: the default configuration (silero ONNX, Whisper and
+SmolLM2 through CTranslate2, Piper) runs without it; only the transformers runtime and the one-off LLM
+conversion load it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from parley.config import Settings
+from parley.engines.cache import llm_ct2_dir, llm_hf_source, whisper_base_dir
+from parley.engines.llm import LlmEngine, load_llm
+from parley.engines.stt import SttEngine, load_stt
+from parley.engines.tts import TtsEngine, load_tts, voice_files
+from parley.engines.vad import VadEngine, load_vad, packaged_silero_path
+from parley.log import event
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Engines", "LlmEngine", "SttEngine", "TtsEngine", "VadEngine", "load_engines", "prepare_models"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class Engines:
+    vad: VadEngine
+    stt: SttEngine
+    llm: LlmEngine
+    tts: TtsEngine
+
+    def close(self) -> None:
+        """Stop the worker threads of the engines that have them (idempotent)."""
+        for engine in (self.stt, self.llm, self.tts, self.vad):
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()
+
+
+def _timed(kind: str, settings: Settings, load: Callable[[Settings], T]) -> T:
+    started = time.perf_counter()
+    engine = load(settings)
+    event(
+        log,
+        "engine_loaded",
+        engine=kind,
+        impl=type(engine).__name__,
+        device=getattr(engine, "device", "cpu"),
+        seconds=round(time.perf_counter() - started, 2),
+    )
+    return engine
+
+
+def load_engines(settings: Settings) -> Engines:
+    """Load all four engines (blocking: seconds when the cache is warm, longer on a first run)."""
+    started = time.perf_counter()
+    loaded: list[object] = []
+    try:
+        vad = _timed("vad", settings, load_vad)
+        stt = _timed("stt", settings, load_stt)
+        loaded.append(stt)
+        llm = _timed("llm", settings, load_llm)
+        loaded.append(llm)
+        tts = _timed("tts", settings, load_tts)
+    except BaseException:
+        for engine in loaded:
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()
+        raise
+    event(log, "engines_loaded", seconds=round(time.perf_counter() - started, 2))
+    return Engines(vad=vad, stt=stt, llm=llm, tts=tts)
+
+
+def prepare_models(settings: Settings) -> None:
+    """Assemble, convert and fully verify every model the settings name, without keeping any loaded."""
+    cache_dir = settings.resolved_cache_dir()
+    event(log, "prepare_models", cache_dir=str(cache_dir))
+
+    def step(kind: str, action: Callable[[], object]) -> None:
+        started = time.perf_counter()
+        where = action()
+        event(
+            log, "model_ready", engine=kind, path=str(where), seconds=round(time.perf_counter() - started, 2)
+        )
+
+    vad_path = packaged_silero_path() if settings.vad_model == "silero" else Path(settings.vad_model)
+    if not vad_path.is_file():
+        raise FileNotFoundError(f"silero VAD model not found: {vad_path}")
+    step("vad", lambda: vad_path)
+    step("stt", lambda: _prepare_stt(settings, cache_dir))
+    if settings.llm_url:
+        event(log, "model_ready", engine="llm", path=settings.llm_url, seconds=0.0)
+    elif settings.llm_runtime == "transformers":
+        step("llm", lambda: llm_hf_source(cache_dir, settings.llm_model))
+    else:
+        step("llm", lambda: llm_ct2_dir(cache_dir, settings.llm_model, full=True))
+    step("tts", lambda: voice_files(settings.tts_voice)[0])
+
+
+def _prepare_stt(settings: Settings, cache_dir: Path) -> object:
+    if settings.stt_model == "base":
+        return whisper_base_dir(cache_dir, full=True)
+    if Path(settings.stt_model).expanduser().is_dir():
+        return settings.stt_model
+    # A faster-whisper size or hub name: fetch it now (needs network) so that start-up does not.
+    from faster_whisper.utils import download_model
+
+    return download_model(settings.stt_model)

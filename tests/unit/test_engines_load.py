@@ -1,0 +1,69 @@
+"""Loading the engines: all four with the defaults, without torch; preparing the cache; device choice."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from parley.config import Settings
+from parley.engines import device, prepare_models
+
+
+def test_default_engines_load_without_torch_and_close_their_threads() -> None:
+    script = textwrap.dedent(
+        """
+        import sys, threading
+        import numpy as np
+        from parley.config import Settings
+        from parley.engines import load_engines
+
+        engines = load_engines(Settings())
+        chunk = np.zeros(engines.vad.chunk_samples, dtype=np.int16)
+        assert engines.vad.new_stream().probability(chunk) < 0.5
+        audio = np.concatenate(list(engines.tts.synthesize("Good morning.")))
+        assert audio.size > engines.tts.sample_rate // 2
+        assert "".join(engines.llm.stream([{"role": "user", "content": "Hi!"}], lambda: True)) == ""
+        assert engines.stt.transcribe(np.zeros(16000, dtype=np.int16)).text == ""
+        assert "torch" not in sys.modules, "the default engines imported torch"
+        engines.close()
+        assert not [t for t in threading.enumerate() if t.name.startswith("stt-worker")]
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")
+
+
+def test_prepare_models_verifies_the_warm_cache(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="parley.engines"):
+        prepare_models(Settings())
+
+    ready = [r for r in caplog.records if r.getMessage() == "model_ready"]
+    assert [getattr(r, "engine", None) for r in ready] == ["vad", "stt", "llm", "tts"]
+
+
+def test_device_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device, "cuda_device_count", lambda: 0)
+    assert device.resolve_device("auto") == "cpu"
+    assert device.resolve_device("cpu") == "cpu"
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        device.resolve_device("cuda")
+    with pytest.raises(ValueError):
+        device.resolve_device("tpu")
+
+    monkeypatch.setattr(device, "cuda_device_count", lambda: 1)
+    assert device.resolve_device("auto") == "cuda"
+    assert device.resolve_device("cuda") == "cuda"
+    assert device.resolve_device("cpu") == "cpu"
+
+
+def test_cpu_threads_share_the_cores() -> None:
+    assert device.cpu_threads(1) >= 1
+    assert device.cpu_threads(1000) == 1
+    assert device.onnx_providers("cpu") == ["CPUExecutionProvider"]

@@ -1,0 +1,159 @@
+"""WhisperStt: the packaged Whisper base, unpadded features, batched across concurrent callers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from parley.config import Settings
+from parley.engines.stt import SttClosed, Transcription, WhisperStt, load_stt
+from tests.unit.test_engines_speech import needs_espeak, normalise, speech
+
+pytestmark = needs_espeak
+
+PHRASES = (
+    "what is the weather like in paris today",
+    "please call me back tomorrow morning",
+    "the quick brown fox jumps over the lazy dog",
+)
+
+
+@pytest.fixture(scope="module")
+def stt() -> Iterator[WhisperStt]:
+    engine = load_stt(Settings())
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    folder = tmp_path_factory.mktemp("stt")
+    return {phrase: speech(phrase, folder) for phrase in PHRASES}
+
+
+def words_right(text: str, phrase: str) -> float:
+    """Share of the phrase's words found in the transcript (espeak's diction fools Whisper on a few)."""
+    heard = set(normalise(text).split())
+    expected = normalise(phrase).split()
+    return sum(word in heard for word in expected) / len(expected)
+
+
+def test_transcribes_the_phrase_verbatim(stt: WhisperStt, voices: dict[str, np.ndarray]) -> None:
+    result = stt.transcribe(voices[PHRASES[0]])
+
+    assert isinstance(result, Transcription)
+    assert normalise(result.text) == PHRASES[0]
+    assert result.text == result.text.strip()
+    assert result.no_speech_prob < 0.5
+    assert 0 < result.seconds < 5
+
+
+def test_float32_audio_gives_the_same_text(stt: WhisperStt, voices: dict[str, np.ndarray]) -> None:
+    audio = voices[PHRASES[0]].astype(np.float32) / 32768.0
+
+    assert normalise(stt.transcribe(audio).text) == PHRASES[0]
+
+
+def test_three_concurrent_callers_each_get_their_own_text_in_one_or_two_batches(
+    stt: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch_sizes: list[int] = []
+    generate = stt._generate
+
+    def counting(windows: list[Any]) -> Any:
+        batch_sizes.append(len(windows))
+        return generate(windows)
+
+    monkeypatch.setattr(stt, "_generate", counting)
+    results: dict[str, str] = {}
+    latency: dict[str, float] = {}
+    barrier = threading.Barrier(len(PHRASES))
+
+    def call(phrase: str) -> None:
+        barrier.wait()
+        started = time.perf_counter()
+        results[phrase] = stt.transcribe(voices[phrase]).text
+        latency[phrase] = time.perf_counter() - started
+
+    threads = [threading.Thread(target=call, args=(p,)) for p in PHRASES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    for phrase in PHRASES:
+        assert words_right(results[phrase], phrase) >= 0.75, (phrase, results[phrase])
+    assert normalise(results[PHRASES[0]]) == PHRASES[0]
+    assert sum(batch_sizes) == len(PHRASES)
+    assert len(batch_sizes) < len(PHRASES), batch_sizes  # someone shared a batch
+    print("latency per caller:", {p[:12]: round(s, 3) for p, s in latency.items()}, "batches:", batch_sizes)
+
+
+def test_silence_and_noise_give_empty_text(stt: WhisperStt) -> None:
+    rng = np.random.default_rng(0)
+    noise = (rng.normal(0.0, 0.01, 16000 * 2) * 32767).astype(np.int16)
+
+    assert stt.transcribe(np.zeros(16000 * 2, dtype=np.int16)).text == ""
+    assert stt.transcribe(noise).text == ""
+    assert stt.transcribe(np.zeros(0, dtype=np.int16)).text == ""
+
+
+LONG_TALK = (
+    "i would like to change my booking for next week",
+    "the flight leaves from london on tuesday morning",
+    "can you also add a second passenger to the reservation",
+    "we would prefer seats near the front of the plane",
+    "please send the confirmation to my email address",
+)
+
+
+def test_long_utterances_are_cut_into_windows_between_words(stt: WhisperStt, tmp_path: Path) -> None:
+    gap = np.zeros(4800, dtype=np.int16)
+    spoken = [speech(sentence, tmp_path) for sentence in LONG_TALK]
+    parts: list[np.ndarray] = []
+    said: list[str] = []
+    while sum(p.size for p in parts) < 16000 * 32:
+        for sentence, audio in zip(LONG_TALK, spoken, strict=True):
+            parts += [audio, gap]
+            said.append(sentence)
+
+    text = normalise(stt.transcribe(np.concatenate(parts)).text)
+
+    assert text.startswith(LONG_TALK[0])
+    assert text.endswith(said[-1])
+    assert words_right(text, " ".join(said)) > 0.9
+    assert abs(len(text.split()) - len(" ".join(said).split())) <= 3
+
+
+def test_a_short_utterance_is_not_repeated_into_the_trailing_silence(stt: WhisperStt, tmp_path: Path) -> None:
+    text = stt.transcribe(speech("thank you", tmp_path)).text
+
+    assert normalise(text) == "thank you"
+
+
+def test_close_stops_the_workers_and_refuses_new_work(voices: dict[str, np.ndarray]) -> None:
+    engine = load_stt(Settings(stt_workers=2, stt_max_batch=1))
+    workers = list(engine._threads)
+    texts: list[str] = []
+    threads = [
+        threading.Thread(target=lambda p=p: texts.append(engine.transcribe(voices[p]).text))
+        for p in PHRASES[:2]
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    engine.close()
+    engine.close()
+
+    assert len(texts) == 2 and PHRASES[0] in {normalise(t) for t in texts}
+    assert len(workers) == 2 and not any(w.is_alive() for w in workers)
+    with pytest.raises(SttClosed):
+        engine.transcribe(voices[PHRASES[0]])

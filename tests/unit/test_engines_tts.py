@@ -1,0 +1,102 @@
+"""PiperTts: the packaged voice, streamed sentence by sentence, intelligible to Whisper."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parley.audio import PIPELINE_RATE, resample
+from parley.config import DEFAULT_GREETING, Settings
+from parley.engines.stt import SttEngine
+from parley.engines.tts import PiperTts, load_tts, voice_files
+from tests.unit.test_engines_speech import normalise
+
+SENTENCE = "The weather in Paris is sunny and warm today."
+
+
+@pytest.fixture(scope="module")
+def tts() -> PiperTts:
+    return load_tts(Settings())
+
+
+def rms(audio: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
+
+
+def test_a_sentence_gives_int16_audio_of_plausible_length(tts: PiperTts) -> None:
+    started = time.perf_counter()
+    chunks = []
+    first_audio_s = None
+    for chunk in tts.synthesize(SENTENCE):
+        first_audio_s = first_audio_s or time.perf_counter() - started
+        chunks.append(chunk)
+    audio = np.concatenate(chunks)
+    seconds = audio.size / tts.sample_rate
+
+    assert tts.sample_rate == 22050
+    assert all(c.dtype == np.int16 and c.ndim == 1 for c in chunks)
+    assert 1.5 < seconds < 6.0  # nine words
+    assert rms(audio) > 500  # not silence
+    print(f"first audio after {first_audio_s:.3f}s, {seconds:.2f}s of speech")
+
+
+def test_each_sentence_is_streamed_as_soon_as_it_is_ready(tts: PiperTts) -> None:
+    stream = tts.synthesize(
+        "Hello there. This is the second sentence, which is a good deal longer than the first."
+    )
+    first = next(stream)
+    rest = list(stream)
+
+    assert len(rest) >= 1
+    assert first.size < sum(c.size for c in rest)
+
+
+def test_text_without_words_gives_no_audio(tts: PiperTts) -> None:
+    assert list(tts.synthesize("")) == []
+    assert list(tts.synthesize("  ... ")) == []
+
+
+def test_whisper_hears_what_piper_said(tts: PiperTts, whisper: SttEngine) -> None:
+    # Piper varies its timing from run to run (noise in the duration model): try it twice.
+    for _ in range(2):
+        audio = resample(
+            np.concatenate(list(tts.synthesize(DEFAULT_GREETING))), tts.sample_rate, PIPELINE_RATE
+        )
+
+        assert normalise(whisper.transcribe(audio).text) == normalise(DEFAULT_GREETING)
+
+
+def test_concurrent_callers_all_get_whole_audio(tts: PiperTts) -> None:
+    expected = np.concatenate(list(tts.synthesize(SENTENCE)))
+    results: list[np.ndarray] = [np.zeros(0, dtype=np.int16)] * 3
+
+    def run(i: int) -> None:
+        results[i] = np.concatenate(list(tts.synthesize(SENTENCE)))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    for audio in results:
+        # Not sample-identical: Piper's duration model is stochastic.
+        assert abs(audio.size - expected.size) < 0.2 * expected.size
+        assert rms(audio) > 500
+
+
+def test_voice_paths(tmp_path: Path) -> None:
+    model, config = voice_files("joe")
+    assert model.is_file() and config.is_file()
+    assert voice_files(str(model)) == (model, config)
+
+    lonely = tmp_path / "voice.onnx"
+    lonely.write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="config"):
+        voice_files(str(lonely))
+    with pytest.raises(FileNotFoundError):
+        voice_files(str(tmp_path / "missing.onnx"))
