@@ -1,0 +1,316 @@
+"""Call: one conversation, whatever transport carries it.
+
+A transport hands caller audio to `push_audio` (16 kHz mono int16, any length, never blocks) and pulls
+20 ms frames from `outbound` at its own pace. The call owns its stage threads and queues, its turn
+tracker, cancel scope and history, and acts on the turn-taker's decisions: pause, resume, interrupt,
+reopen. `end()` stops everything it started; `join()` waits for the threads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from parley import metrics
+from parley.config import Settings
+from parley.engines import Engines
+from parley.log import event
+from parley.outbound import Outbound
+from parley.pipeline.cancel import CancelScope
+from parley.pipeline.history import Conversation
+from parley.pipeline.messages import EndOfCall, InboundFrame, ReplyText, Response, Tag, Transcript, Utterance
+from parley.pipeline.queues import StageQueue
+from parley.pipeline.stages import LlmStage, SttStage, TtsStage, VadStage
+from parley.pipeline.turns import SpeculativeTurnTracker
+from parley.pipeline.turntaking import TurnTaker
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[dict[str, Any]], None]
+INBOUND_QUEUE_FRAMES = 250  # 5 s of audio: beyond that the VAD is hopelessly behind; drop the oldest
+GREETING_KEY = "greeting"
+
+
+def normalise_words(text: str) -> str:
+    return " ".join("".join(c for c in text.lower() if c.isalnum() or c.isspace() or c == "'").split())
+
+
+class Call:
+    def __init__(
+        self,
+        call_id: str,
+        transport: str,
+        settings: Settings,
+        engines: Engines,
+        outbound_rate: int,
+        on_event: EventSink | None = None,
+    ) -> None:
+        self.call_id = call_id
+        self.transport = transport
+        self.settings = settings
+        self.engines = engines
+        self.started_at = time.time()
+        self.state = "starting"
+        self.end_reason: str | None = None
+        self.tracker = SpeculativeTurnTracker()
+        self.scope = CancelScope()
+        self.conversation = Conversation(settings.system_prompt, settings.history_turns)
+        self.outbound = Outbound(outbound_rate, gate=self._may_play, listener=self)
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._turn_numbers = itertools.count(1)
+        self._active: Response | None = None
+        self._ended = threading.Event()
+        self._backchannels = {normalise_words(b) for b in settings.backchannels}
+
+        self.vad_in: StageQueue[InboundFrame] = StageQueue("vad", maxsize=INBOUND_QUEUE_FRAMES)
+        self.stt_in: StageQueue[Utterance] = StageQueue("stt")
+        self.llm_in: StageQueue[Transcript] = StageQueue("llm")
+        self.tts_in: StageQueue[ReplyText] = StageQueue("tts")
+        chunk_ms = 1000 * engines.vad.chunk_samples / engines.vad.sample_rate
+        self.turns = TurnTaker(settings, self.tracker, self, chunk_ms)
+        self._threads: list[threading.Thread] = [
+            VadStage(self, self.vad_in, engines.vad, self.turns),
+            SttStage(self, self.stt_in, engines.stt, self.llm_in),
+            LlmStage(self, self.llm_in, engines.llm, self.tts_in),
+            TtsStage(self, self.tts_in, engines.tts, self.outbound),
+        ]
+
+    # lifecycle
+
+    def start(self) -> None:
+        metrics.CALLS_ACTIVE.labels(transport=self.transport).inc()
+        for thread in self._threads:
+            thread.start()
+        event(log, "call_started", call_id=self.call_id, transport=self.transport)
+        self.emit({"type": "call", "call_id": self.call_id})
+        if self.settings.greeting:
+            self._say(self.settings.greeting)
+        else:
+            self._set_state("listening")
+
+    def end(self, reason: str = "hangup") -> bool:
+        """Stop the call (idempotent, never blocks); True the first time."""
+        with self._lock:
+            if self._ended.is_set():
+                return False
+            self._ended.set()
+            self.end_reason = reason
+        self.scope.cancel()
+        for q in (self.vad_in, self.stt_in, self.llm_in, self.tts_in):
+            q.close()
+        self.outbound.flush()
+        self.outbound.push(EndOfCall(reason))
+        self._set_state("ended")
+        duration = time.time() - self.started_at
+        metrics.CALLS_ACTIVE.labels(transport=self.transport).dec()
+        metrics.CALLS_TOTAL.labels(transport=self.transport, outcome=reason).inc()
+        metrics.CALL_DURATION.observe(duration)
+        event(log, "call_ended", call_id=self.call_id, reason=reason, duration_s=round(duration, 2))
+        return True
+
+    def join(self, timeout: float = 5.0) -> bool:
+        """Wait for the stage threads (blocking: from asyncio, run it in a thread). True if all ended."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if alive:
+            log.warning("threads_still_running", extra={"call_id": self.call_id, "threads": ",".join(alive)})
+        return not alive
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    def threads_alive(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    # the transport's side
+
+    def push_audio(self, pcm16k: np.ndarray) -> None:
+        if not self._ended.is_set():
+            self.vad_in.put(InboundFrame(pcm16k))
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        self._on_event = sink
+
+    def emit(self, payload: dict[str, Any]) -> None:
+        sink = self._on_event
+        if sink is not None:
+            try:
+                sink(payload)
+            except Exception:
+                log.exception("event_sink_failed", extra={"call_id": self.call_id})
+
+    def _set_state(self, state: str) -> None:
+        if self.state != state and (state == "ended" or self.state != "ended"):
+            self.state = state
+            self.emit({"type": "state", "state": state})
+
+    # stage context
+
+    def is_stale(self, tag: Tag) -> bool:
+        return self.scope.is_stale(tag.generation) or not self.tracker.is_latest(tag.turn_id, tag.revision)
+
+    def reply_abandoned(self, response: Response) -> None:
+        """Nothing will be said for this response (no words heard, or a stage failed)."""
+        with self._lock:
+            if self._active is response:
+                self._active = None
+        self.tts_in.put(ReplyText(response, "", final=True))
+
+    def _may_play(self, tag: Tag) -> bool | None:
+        """The Outbound's gate: None holds audio back (reopen still possible), False drops it."""
+        if self.scope.should_drop(tag.generation):
+            return False
+        return self.tracker.try_is_latest_after_reopen_grace(tag.turn_id, tag.revision)
+
+    # turn control (VAD thread)
+
+    def agent_active(self) -> bool:
+        return self._active is not None or self.outbound.has_audio()
+
+    def pause_agent(self) -> float:
+        return self.outbound.pause()
+
+    def resume_agent(self) -> None:
+        self.outbound.resume()
+        event(log, "false_interruption", call_id=self.call_id)
+
+    def interrupt_agent(self, onset_arrived_at: float) -> None:
+        was_playing = self.outbound.paused or self.outbound.playing_response() is not None
+        paused_at = self.outbound.pause()
+        self.scope.cancel()
+        flushed = self.outbound.flush()
+        self._flush_stage_queues()
+        with self._lock:
+            cut = list(flushed.cut)
+            if self._active is not None and self._active not in cut:
+                cut.append(self._active)
+            self._active = None
+        for response in cut:
+            self._commit(response, interrupted=True)
+        stop_s = max(0.0, paused_at - onset_arrived_at)
+        metrics.BARGE_INS_TOTAL.inc()
+        if was_playing:
+            metrics.INTERRUPTION_LATENCY.observe(stop_s)
+        self.emit({"type": "barge_in", "stop_s": round(stop_s, 4)})
+        event(log, "barge_in", call_id=self.call_id, stop_s=round(stop_s, 4), cut=len(cut))
+
+    def open_turn(self) -> str:
+        turn_id = f"{self.call_id}:turn-{next(self._turn_numbers)}"
+        metrics.TURNS_TOTAL.inc()
+        return turn_id
+
+    def user_started_speaking(self) -> None:
+        self._set_state("user_speaking")
+
+    def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
+        self.scope.new_response()
+        response = Response(Tag(turn_id, revision, self.scope.generation), speech_end=speech_end)
+        with self._lock:
+            self._active = response
+        self.stt_in.put(Utterance(response, audio))
+        self._set_state("thinking")
+
+    def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None:
+        self.scope.cancel()
+        self.outbound.flush()
+        self._flush_stage_queues()
+        with self._lock:
+            superseded = self._active
+            self._active = None
+        if superseded is not None:
+            metrics.COMMITS_TOTAL.labels(outcome="superseded").inc()
+            self.emit({"type": "agent_cancelled", "turn_id": turn_id})
+        self._set_state("user_speaking")
+        event(log, "turn_reopened", call_id=self.call_id, turn_id=turn_id, revision=candidate)
+
+    def is_backchannel(self, audio: np.ndarray) -> bool:
+        text = normalise_words(self.engines.stt.transcribe(audio).text)
+        return not text or text in self._backchannels
+
+    def _flush_stage_queues(self) -> None:
+        for q in (self.stt_in, self.llm_in, self.tts_in):
+            q.flush()
+
+    # outbound listener (the transport's thread or event loop)
+
+    def on_segment_started(self, response: Response, text: str, first: bool) -> None:
+        key = response.turn_id or GREETING_KEY
+        if first:
+            self._set_state("agent_speaking")
+            latency = response.response_s
+            if latency is not None:
+                metrics.RESPONSE_LATENCY.observe(latency)
+            self.emit(
+                {
+                    "type": "latency",
+                    "turn_id": key,
+                    "response_s": _round(latency),
+                    "stt_s": _round(response.stt_s),
+                    "llm_first_token_s": _round(response.llm_first_token_s),
+                    "tts_first_audio_s": _round(response.tts_first_audio_s),
+                }
+            )
+            event(log, "reply_started", call_id=self.call_id, turn_id=key, response_s=_round(latency))
+        if text:
+            self.emit({"type": "agent_text", "turn_id": key, "text": text})
+
+    def on_response_ended(self, response: Response, latest: bool) -> None:
+        self.scope.response_done(response.tag.generation)
+        with self._lock:
+            if self._active is response:
+                self._active = None
+        if latest and not self.scope.is_stale(response.tag.generation):
+            self._commit(response, interrupted=False)
+        if not self.agent_active() and not self.turns.in_turn:
+            self._set_state("listening")
+
+    def on_end_of_call(self, reason: str) -> None:
+        self._set_state("ended")
+
+    def _commit(self, response: Response, *, interrupted: bool) -> None:
+        tag = response.tag
+        key = tag.turn_id or GREETING_KEY
+        heard = response.heard_text()
+        if tag.turn_id is not None and tag.revision is not None:
+            self.tracker.commit(tag.turn_id, tag.revision)
+        self.conversation.commit_agent(key, heard, interrupted=interrupted, response_s=response.response_s)
+        outcome = "interrupted" if interrupted else "committed"
+        metrics.COMMITS_TOTAL.labels(outcome=outcome).inc()
+        self.emit({"type": "agent_done", "turn_id": key, "text": heard, "interrupted": interrupted})
+        event(log, "reply_committed", call_id=self.call_id, turn_id=key, outcome=outcome, text=heard)
+
+    def _say(self, text: str) -> None:
+        response = Response(Tag(None, None, self.scope.generation))
+        with self._lock:
+            self._active = response
+        self.tts_in.put(ReplyText(response, text))
+        self.tts_in.put(ReplyText(response, "", final=True))
+
+    # reporting
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.call_id,
+            "transport": self.transport,
+            "started": self.started_at,
+            "state": self.state,
+            "turns": sum(1 for t in self.conversation.snapshot() if t["turn_id"] != GREETING_KEY),
+        }
+
+    def details(self) -> dict[str, Any]:
+        return {**self.summary(), "ended_reason": self.end_reason, "transcript": self.conversation.snapshot()}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,107 @@
+"""The conversation as the caller experienced it: user turns, and agent replies only as far as heard."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from parley.engines.llm import Message
+
+
+@dataclass
+class TurnRecord:
+    turn_id: str
+    revision: int = 0
+    user_text: str = ""
+    agent_text: str = ""
+    agent_state: str = "pending"  # pending | committed | interrupted | superseded | no_reply
+    started_at: float = field(default_factory=time.time)
+    response_s: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "turn_id": self.turn_id,
+            "revision": self.revision,
+            "user": self.user_text,
+            "agent": self.agent_text,
+            "agent_state": self.agent_state,
+            "interrupted": self.agent_state == "interrupted",
+            "started": self.started_at,
+            "response_s": self.response_s,
+        }
+
+
+class Conversation:
+    """Thread-safe: stage threads add user text, the sender commits what was played."""
+
+    def __init__(self, system_prompt: str, max_turns_in_prompt: int = 12, max_records: int = 500) -> None:
+        self.system_prompt = system_prompt
+        self.max_turns_in_prompt = max_turns_in_prompt
+        self.max_records = max_records
+        self._lock = threading.Lock()
+        self._turns: dict[str, TurnRecord] = {}
+
+    def _record_locked(self, turn_id: str) -> TurnRecord:
+        record = self._turns.get(turn_id)
+        if record is None:
+            record = self._turns[turn_id] = TurnRecord(turn_id=turn_id)
+            while len(self._turns) > self.max_records:
+                del self._turns[next(iter(self._turns))]
+        return record
+
+    def set_user_text(self, turn_id: str, revision: int, text: str) -> None:
+        """The transcript of a turn's revision; an older revision never overwrites a newer one."""
+        with self._lock:
+            record = self._record_locked(turn_id)
+            if revision >= record.revision:
+                record.revision = revision
+                record.user_text = text
+                record.agent_text = ""
+                record.agent_state = "pending" if text else "no_reply"
+
+    def commit_agent(
+        self, turn_id: str, text: str, *, interrupted: bool, response_s: float | None = None
+    ) -> None:
+        with self._lock:
+            record = self._record_locked(turn_id)
+            record.agent_text = text
+            record.agent_state = "interrupted" if interrupted else "committed"
+            if response_s is not None:
+                record.response_s = response_s
+
+    def mark(self, turn_id: str, state: str) -> None:
+        with self._lock:
+            record = self._turns.get(turn_id)
+            if record is not None and record.agent_state == "pending":
+                record.agent_state = state
+
+    def messages_for(self, turn_id: str) -> list[Message]:
+        """The LLM prompt for answering `turn_id`: instructions, earlier turns as heard, then this turn."""
+        with self._lock:
+            earlier: list[TurnRecord] = []
+            current: TurnRecord | None = None
+            for record in self._turns.values():
+                if record.turn_id == turn_id:
+                    current = record
+                    break
+                earlier.append(record)
+            messages: list[Message] = [{"role": "system", "content": self.system_prompt}]
+            for record in earlier[-self.max_turns_in_prompt :]:
+                if record.user_text:
+                    messages.append({"role": "user", "content": record.user_text})
+                if record.agent_text and record.agent_state in ("committed", "interrupted"):
+                    suffix = " …" if record.agent_state == "interrupted" else ""
+                    messages.append({"role": "assistant", "content": record.agent_text + suffix})
+            if current is not None and current.user_text:
+                messages.append({"role": "user", "content": current.user_text})
+            return messages
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [record.as_json() for record in self._turns.values()]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._turns)

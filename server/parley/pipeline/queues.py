@@ -1,0 +1,95 @@
+"""Typed queues between a call's stages: closeable, observable, and flushable without losing bookkeeping."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from parley import metrics
+
+T = TypeVar("T")
+
+
+class QueueClosed(Exception):
+    """The call ended: the stage reading this queue should return."""
+
+
+def flush_keeping(items: deque[T], keep: Callable[[T], bool]) -> list[T]:
+    """Empty `items` except those `keep` accepts, which stay in their original order; return the dropped ones.
+
+    Callers hold their own lock, so anything a producer adds later lands behind the kept items.
+    """
+    kept = [item for item in items if keep(item)]
+    dropped = [item for item in items if not keep(item)]
+    items.clear()
+    items.extend(kept)
+    return dropped
+
+
+class StageQueue(Generic[T]):
+    """A thread-safe FIFO feeding one stage thread.
+
+    `maxsize` > 0 bounds it; when full, `put` drops the oldest item (a live stream prefers fresh
+    audio to a growing delay) and counts it in frames_dropped_total.
+    """
+
+    def __init__(self, stage: str, maxsize: int = 0) -> None:
+        self.stage = stage
+        self.maxsize = maxsize
+        self._items: deque[T] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._depth = metrics.QUEUE_DEPTH.labels(stage=stage)
+
+    def put(self, item: T) -> bool:
+        """Add an item; False (and nothing added) once the queue is closed. Never blocks."""
+        with self._cond:
+            if self._closed:
+                return False
+            if self.maxsize > 0 and len(self._items) >= self.maxsize:
+                self._items.popleft()
+                self._depth.dec()
+                metrics.FRAMES_DROPPED_TOTAL.labels(reason=f"{self.stage}_queue_full").inc()
+            self._items.append(item)
+            self._depth.inc()
+            self._cond.notify()
+            return True
+
+    def get(self, timeout: float | None = None) -> T | None:
+        """Block until an item arrives (None on timeout); raise QueueClosed once closed and drained."""
+        with self._cond:
+            if not self._items and not self._closed:
+                self._cond.wait(timeout)
+            if self._items:
+                self._depth.dec()
+                return self._items.popleft()
+            if self._closed:
+                raise QueueClosed(self.stage)
+            return None
+
+    def flush(self, keep: Callable[[T], bool] = lambda _: False) -> int:
+        """Drop everything `keep` rejects; kept items stay in front, in order. Returns how many went."""
+        with self._cond:
+            dropped = flush_keeping(self._items, keep)
+            self._depth.dec(len(dropped))
+            return len(dropped)
+
+    def close(self) -> None:
+        """Wake the reader; it gets QueueClosed. Items left are dropped with the call."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._depth.dec(len(self._items))
+            self._items.clear()
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -1,0 +1,64 @@
+"""Cuts streamed reply text into pieces worth speaking: an early first clause, then whole sentences.
+
+Speech starts when the first piece is synthesised, so the first piece ends at the first clause
+boundary once a few words are in; later pieces are sentences, which sound better.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s")
+_BOUNDARY = re.compile(r"(?P<sentence>[.!?…]+[\"')\]]*\s)|[,;:—–]\s")
+_MARKUP = re.compile(r"[*_`#>|]+|\[(.*?)\]\(.*?\)")
+_SPACES = re.compile(r"\s+")
+
+FIRST_PIECE_MIN_WORDS = 4
+LONG_PIECE_WORDS = 28
+
+
+def clean_for_speech(text: str) -> str:
+    """Drop markdown that a voice cannot say; keep the words."""
+    text = _MARKUP.sub(lambda m: m.group(1) or "", text)
+    return _SPACES.sub(" ", text).strip()
+
+
+class ReplySegmenter:
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._pieces_out = 0
+
+    def push(self, delta: str) -> list[str]:
+        """Add streamed text; return the pieces now complete."""
+        self._buffer += delta
+        pieces: list[str] = []
+        while True:
+            cut = self._find_cut()
+            if cut is None:
+                break
+            piece = clean_for_speech(self._buffer[:cut])
+            self._buffer = self._buffer[cut:]
+            if piece:
+                pieces.append(piece)
+                self._pieces_out += 1
+        return pieces
+
+    def flush(self) -> list[str]:
+        piece = clean_for_speech(self._buffer)
+        self._buffer = ""
+        return [piece] if piece else []
+
+    def _find_cut(self) -> int | None:
+        if self._pieces_out == 0:
+            for boundary in _BOUNDARY.finditer(self._buffer):
+                end = boundary.end()
+                if boundary.group("sentence") or len(self._buffer[:end].split()) >= FIRST_PIECE_MIN_WORDS:
+                    return end
+        else:
+            sentence = _SENTENCE_END.search(self._buffer)
+            if sentence is not None:
+                return sentence.end()
+        words = self._buffer.split()
+        if len(words) > LONG_PIECE_WORDS and self._buffer[-1:].isspace():
+            return len(self._buffer)
+        return None

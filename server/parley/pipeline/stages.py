@@ -1,0 +1,237 @@
+"""The four stage threads of a call: VAD -> STT -> LLM -> TTS, each reading its own queue.
+
+A stage never waits on another stage: it reads its queue, does its work on the shared engine, and
+puts the result on the next queue (or into the Outbound). Work whose revision or generation went
+stale is skipped, and long work (generation, synthesis) checks staleness between tokens and chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+import soundfile
+
+from parley import metrics
+from parley.audio import PIPELINE_RATE, FrameSplitter, resample
+from parley.config import Settings
+from parley.engines.llm import LlmEngine
+from parley.engines.stt import SttEngine
+from parley.engines.tts import TtsEngine
+from parley.engines.vad import VadEngine
+from parley.log import event
+from parley.outbound import Outbound
+from parley.pipeline.history import Conversation
+from parley.pipeline.messages import (
+    AudioChunk,
+    EndOfResponse,
+    InboundFrame,
+    ReplyText,
+    Response,
+    Tag,
+    Transcript,
+    Utterance,
+)
+from parley.pipeline.queues import QueueClosed, StageQueue
+from parley.pipeline.segmenter import ReplySegmenter
+from parley.pipeline.turntaking import TurnTaker
+
+log = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+
+
+class StageContext(Protocol):
+    """What stages need from their call."""
+
+    call_id: str
+    settings: Settings
+    conversation: Conversation
+    outbound: Outbound
+
+    def is_stale(self, tag: Tag) -> bool: ...
+    def emit(self, payload: dict[str, Any]) -> None: ...
+    def reply_abandoned(self, response: Response) -> None: ...
+
+
+class Stage(threading.Thread, Generic[Item]):
+    """A thread that handles the items of one queue until the queue closes."""
+
+    stage_name = "stage"
+    engine_name = ""
+    idle_timeout_s: float | None = None
+
+    def __init__(self, ctx: StageContext, inbox: StageQueue[Item]) -> None:
+        super().__init__(name=f"{ctx.call_id}:{self.stage_name}", daemon=True)
+        self.ctx = ctx
+        self.inbox = inbox
+
+    def run(self) -> None:
+        while True:
+            try:
+                item = self.inbox.get(self.idle_timeout_s)
+            except QueueClosed:
+                return
+            if item is None:
+                continue
+            try:
+                self.handle(item)
+            except Exception:
+                metrics.ENGINE_ERRORS_TOTAL.labels(engine=self.engine_name or self.stage_name).inc()
+                log.exception("stage_failed", extra={"call_id": self.ctx.call_id, "stage": self.stage_name})
+                self.recover(item)
+
+    def handle(self, item: Item) -> None:
+        raise NotImplementedError
+
+    def recover(self, item: Item) -> None:
+        """After a failure on `item`: leave the call consistent (by default, nothing to do)."""
+
+
+class VadStage(Stage[InboundFrame]):
+    stage_name = "vad"
+    engine_name = "vad"
+
+    def __init__(self, ctx: StageContext, inbox: StageQueue[InboundFrame], vad: VadEngine, turns: TurnTaker):
+        super().__init__(ctx, inbox)
+        self.stream = vad.new_stream()
+        self.splitter = FrameSplitter(vad.chunk_samples)
+        self.turns = turns
+        self._latency = metrics.STAGE_LATENCY.labels(stage="vad")
+
+    def handle(self, item: InboundFrame) -> None:
+        for chunk in self.splitter.push(item.pcm):
+            started = time.perf_counter()
+            probability = self.stream.probability(chunk)
+            self._latency.observe(time.perf_counter() - started)
+            self.turns.process(chunk, probability, item.arrived_at)
+
+
+class SttStage(Stage[Utterance]):
+    stage_name = "stt"
+    engine_name = "stt"
+
+    def __init__(
+        self, ctx: StageContext, inbox: StageQueue[Utterance], stt: SttEngine, outbox: StageQueue[Transcript]
+    ):
+        super().__init__(ctx, inbox)
+        self.stt = stt
+        self.outbox = outbox
+
+    def handle(self, item: Utterance) -> None:
+        response = item.response
+        if self.ctx.is_stale(response.tag):
+            return
+        if self.ctx.settings.debug_audio_dir:
+            self._keep_audio(item)
+        result = self.stt.transcribe(item.audio)
+        response.stt_s = result.seconds
+        metrics.STAGE_LATENCY.labels(stage="stt").observe(result.seconds)
+        if self.ctx.is_stale(response.tag):
+            return
+        tag = response.tag
+        assert tag.turn_id is not None and tag.revision is not None
+        response.user_text = result.text
+        self.ctx.conversation.set_user_text(tag.turn_id, tag.revision, result.text)
+        event(
+            log,
+            "user_said",
+            call_id=self.ctx.call_id,
+            turn_id=tag.turn_id,
+            revision=tag.revision,
+            text=result.text,
+            stt_s=round(result.seconds, 3),
+        )
+        if not result.text:
+            self.ctx.reply_abandoned(response)
+            return
+        self.ctx.emit(
+            {"type": "user_transcript", "turn_id": tag.turn_id, "revision": tag.revision, "text": result.text}
+        )
+        self.outbox.put(Transcript(response, result.text))
+
+    def recover(self, item: Utterance) -> None:
+        self.ctx.reply_abandoned(item.response)
+
+    def _keep_audio(self, item: Utterance) -> None:
+        tag = item.response.tag
+        folder = Path(self.ctx.settings.debug_audio_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"{tag.turn_id}.r{tag.revision}.wav".replace(":", "_")
+        soundfile.write(str(folder / name), item.audio, PIPELINE_RATE, subtype="PCM_16")
+
+
+class LlmStage(Stage[Transcript]):
+    stage_name = "llm"
+    engine_name = "llm"
+
+    def __init__(
+        self, ctx: StageContext, inbox: StageQueue[Transcript], llm: LlmEngine, outbox: StageQueue[ReplyText]
+    ):
+        super().__init__(ctx, inbox)
+        self.llm = llm
+        self.outbox = outbox
+
+    def handle(self, item: Transcript) -> None:
+        response = item.response
+        tag = response.tag
+        if self.ctx.is_stale(tag):
+            return
+        assert tag.turn_id is not None
+        messages = self.ctx.conversation.messages_for(tag.turn_id)
+        segmenter = ReplySegmenter()
+        started = time.monotonic()
+        try:
+            for delta in self.llm.stream(messages, should_stop=lambda: self.ctx.is_stale(tag)):
+                if response.llm_first_token_s is None:
+                    response.llm_first_token_s = time.monotonic() - started
+                    metrics.STAGE_LATENCY.labels(stage="llm_first_token").observe(response.llm_first_token_s)
+                for piece in segmenter.push(delta):
+                    self.outbox.put(ReplyText(response, piece))
+                if self.ctx.is_stale(tag):
+                    break
+            if not self.ctx.is_stale(tag):
+                for piece in segmenter.flush():
+                    self.outbox.put(ReplyText(response, piece))
+        finally:
+            self.outbox.put(ReplyText(response, "", final=True))
+
+
+class TtsStage(Stage[ReplyText]):
+    stage_name = "tts"
+    engine_name = "tts"
+
+    def __init__(self, ctx: StageContext, inbox: StageQueue[ReplyText], tts: TtsEngine, outbound: Outbound):
+        super().__init__(ctx, inbox)
+        self.tts = tts
+        self.outbound = outbound
+
+    def handle(self, item: ReplyText) -> None:
+        response = item.response
+        if item.text and not self.ctx.is_stale(response.tag):
+            self._speak(response, item.text)
+        if item.final:
+            # The marker goes out even for a stale reply: the sender uses it to close the books on it.
+            self.outbound.push(EndOfResponse(response))
+
+    def _speak(self, response: Response, text: str) -> None:
+        started = time.monotonic()
+        first = True
+        for pcm in self.tts.synthesize(text):
+            if self.ctx.is_stale(response.tag):
+                return
+            if response.tts_first_audio_s is None:
+                response.tts_first_audio_s = time.monotonic() - started
+                metrics.STAGE_LATENCY.labels(stage="tts_first_audio").observe(response.tts_first_audio_s)
+            audio = resample(pcm, self.tts.sample_rate, self.outbound.rate)
+            # Piper yields a chunk per sentence and the segmenter feeds it about one sentence, so the text
+            # rides on the first chunk: what was heard is then known to the chunk.
+            self.outbound.push(AudioChunk(response, audio, text if first else ""))
+            first = False
+
+    def recover(self, item: ReplyText) -> None:
+        if item.final:
+            self.outbound.push(EndOfResponse(item.response))

@@ -1,0 +1,250 @@
+"""Turn-taking: from speech probabilities to turns, reopened turns and barge-ins.
+
+Runs on the call's VAD thread, one VAD chunk (32 ms) at a time. It decides; the call acts (through
+`TurnControl`). Pause fast, decide carefully:
+
+- speech while nothing is pending starts a turn once it lasted `min_speech_ms` (shorter is a blip);
+- `end_of_turn_ms` of silence closes the turn speculatively: the reply is computed at once, and a
+  reopen grace window opens (the reply is held back until it passes);
+- speech inside the grace window is a reopen candidate: `min_speech_ms` of it confirms (the new audio
+  joins the old utterance as the next revision); less is a blip and the reply goes on untouched;
+- speech while the agent talks (or prepares a reply) pauses the agent at the first chunk, then either
+  resumes it (a blip, or a backchannel like "mhm" once transcribed) or confirms a barge-in (longer than
+  `backchannel_max_ms`, or a short word that is not a backchannel).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from parley import metrics
+from parley.config import Settings
+from parley.pipeline.turns import SpeculativeTurnTracker
+
+NEGATIVE_THRESHOLD_GAP = 0.15  # hysteresis: speech ends below threshold - gap (as silero's own iterator)
+UNDECIDED_LIMIT_MS = 2000.0  # a candidate stuck between speech and silence is resolved after this
+
+
+class TurnControl(Protocol):
+    """What the turn-taker asks of its call. Every method is quick and called on the VAD thread."""
+
+    def agent_active(self) -> bool: ...
+    def pause_agent(self) -> float: ...
+    def resume_agent(self) -> None: ...
+    def interrupt_agent(self, onset_arrived_at: float) -> None: ...
+    def open_turn(self) -> str: ...
+    def user_started_speaking(self) -> None: ...
+    def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None: ...
+    def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None: ...
+    def is_backchannel(self, audio: np.ndarray) -> bool: ...
+
+
+class Mode(enum.Enum):
+    IDLE = "idle"
+    TENTATIVE = "tentative"  # speech that may become a new turn
+    SPEAKING = "speaking"  # inside a turn
+    REOPEN = "reopen"  # a reopen candidate is pending
+    BARGE = "barge"  # the agent is paused, deciding whether this interrupts it
+
+
+@dataclass
+class _Segment:
+    """Audio collected since the current speech began, with its speech/silence accounting."""
+
+    audio: list[np.ndarray] = field(default_factory=list)
+    speech_ms: float = 0.0
+    silence_ms: float = 0.0
+    total_ms: float = 0.0
+    onset_arrived_at: float = 0.0
+    last_speech_at: float = 0.0
+
+    def samples(self) -> np.ndarray:
+        return np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.int16)
+
+
+@dataclass
+class _ClosedTurn:
+    turn_id: str
+    revision: int
+    audio: np.ndarray
+    tail: list[np.ndarray] = field(default_factory=list)  # everything heard since it closed
+
+
+class TurnTaker:
+    def __init__(
+        self, settings: Settings, tracker: SpeculativeTurnTracker, control: TurnControl, chunk_ms: float
+    ) -> None:
+        self.settings = settings
+        self.tracker = tracker
+        self.control = control
+        self.chunk_ms = chunk_ms
+        self.mode = Mode.IDLE
+        self._threshold = settings.vad_threshold
+        self._negative = max(0.01, settings.vad_threshold - NEGATIVE_THRESHOLD_GAP)
+        self._preroll: deque[np.ndarray] = deque(maxlen=max(1, int(settings.preroll_ms / chunk_ms)))
+        self._segment = _Segment()
+        self._turn: tuple[str, int] | None = None
+        self._turn_audio: list[np.ndarray] = []
+        self._closed: _ClosedTurn | None = None
+        self._candidate: int | None = None
+
+    def process(self, chunk: np.ndarray, probability: float, arrived_at: float) -> None:
+        """Take one VAD chunk and its speech probability; `arrived_at` is when its last frame arrived."""
+        is_speech = probability >= self._threshold
+        is_silence = probability < self._negative
+        closed = self._closed
+        if closed is not None and self.mode is Mode.IDLE:
+            if self.tracker.has_pending_reopen_or_grace(closed.turn_id, closed.revision):
+                closed.tail.append(chunk)
+            else:
+                self._closed = None  # past its grace: it can no longer be reopened
+        elif closed is not None and self.mode is Mode.REOPEN:
+            closed.tail.append(chunk)
+        if self.mode is Mode.IDLE:
+            if is_speech:
+                self._on_onset(chunk, arrived_at)
+            else:
+                self._preroll.append(chunk)
+            return
+        self._account(chunk, is_speech, is_silence, arrived_at)
+        if self.mode is Mode.TENTATIVE:
+            self._decide_tentative()
+        elif self.mode is Mode.SPEAKING:
+            self._decide_speaking()
+        elif self.mode is Mode.REOPEN:
+            self._decide_reopen()
+        elif self.mode is Mode.BARGE:
+            self._decide_barge()
+
+    # onset
+
+    def _on_onset(self, chunk: np.ndarray, arrived_at: float) -> None:
+        self._segment = _Segment(
+            audio=[*self._preroll, chunk],
+            speech_ms=self.chunk_ms,
+            total_ms=self.chunk_ms,
+            onset_arrived_at=arrived_at,
+            last_speech_at=arrived_at,
+        )
+        self._preroll.clear()
+        closed = self._closed
+        if closed is not None and self.tracker.has_pending_reopen_or_grace(closed.turn_id, closed.revision):
+            candidate = self.tracker.begin_reopen_candidate(closed.turn_id, closed.revision)
+            if candidate is not None:
+                self._candidate = candidate
+                self.mode = Mode.REOPEN
+                return
+        if self.control.agent_active():
+            self.control.pause_agent()
+            self.mode = Mode.BARGE
+            return
+        self.mode = Mode.TENTATIVE
+
+    def _account(self, chunk: np.ndarray, is_speech: bool, is_silence: bool, arrived_at: float) -> None:
+        seg = self._segment
+        seg.audio.append(chunk)
+        seg.total_ms += self.chunk_ms
+        if is_speech:
+            seg.speech_ms += self.chunk_ms
+            seg.silence_ms = 0.0
+            seg.last_speech_at = arrived_at
+        elif is_silence:
+            seg.silence_ms += self.chunk_ms
+
+    # decisions per mode
+
+    def _decide_tentative(self) -> None:
+        seg = self._segment
+        if seg.speech_ms >= self.settings.min_speech_ms:
+            self._open_turn(self.control.open_turn(), 0, seg.audio)
+        elif seg.silence_ms >= self.settings.blip_silence_ms or seg.total_ms >= UNDECIDED_LIMIT_MS:
+            self._to_idle()
+
+    def _decide_speaking(self) -> None:
+        seg = self._segment
+        self._turn_audio.extend(seg.audio)
+        seg.audio = []
+        if seg.silence_ms >= self.settings.end_of_turn_ms or seg.total_ms >= self.settings.max_turn_s * 1000:
+            self._close_turn(seg.last_speech_at)
+
+    def _decide_reopen(self) -> None:
+        seg = self._segment
+        closed = self._closed
+        assert closed is not None and self._candidate is not None
+        if seg.speech_ms >= self.settings.min_speech_ms:
+            candidate = self._candidate
+            self._candidate = None
+            if self.tracker.confirm_reopen_candidate(closed.turn_id, closed.revision, candidate):
+                metrics.REOPEN_CANDIDATES_TOTAL.labels(outcome="confirmed").inc()
+                metrics.TURN_REVISIONS_TOTAL.inc()
+                self.control.reopen_confirmed(closed.turn_id, closed.revision, candidate)
+                # The tail already holds the new speech: the revision hears the whole utterance once.
+                self._open_turn(closed.turn_id, candidate, [closed.audio, *closed.tail])
+                return
+            # Too late to reopen (committed meanwhile): this speech is a turn of its own.
+            metrics.REOPEN_CANDIDATES_TOTAL.labels(outcome="timeout").inc()
+            self._closed = None
+            self.mode = Mode.TENTATIVE
+            self._decide_tentative()
+        elif seg.silence_ms >= self.settings.blip_silence_ms or seg.total_ms >= UNDECIDED_LIMIT_MS:
+            self.tracker.cancel_reopen_candidate(closed.turn_id, self._candidate)
+            self._candidate = None
+            metrics.REOPEN_CANDIDATES_TOTAL.labels(outcome="cancelled").inc()
+            self._to_idle()
+
+    def _decide_barge(self) -> None:
+        seg = self._segment
+        if seg.speech_ms >= self.settings.backchannel_max_ms:
+            self._confirm_barge_in()
+        elif seg.silence_ms >= self.settings.blip_silence_ms or seg.total_ms >= UNDECIDED_LIMIT_MS:
+            if seg.speech_ms >= self.settings.min_speech_ms and not self.control.is_backchannel(
+                seg.samples()
+            ):
+                self._confirm_barge_in()
+                return
+            metrics.FALSE_INTERRUPTIONS_TOTAL.inc()
+            self.control.resume_agent()
+            self._to_idle()
+
+    # transitions
+
+    def _confirm_barge_in(self) -> None:
+        seg = self._segment
+        self.control.interrupt_agent(seg.onset_arrived_at)
+        self._closed = None
+        self._open_turn(self.control.open_turn(), 0, seg.audio)
+        self._decide_speaking()
+
+    def _open_turn(self, turn_id: str, revision: int, audio: list[np.ndarray]) -> None:
+        self.tracker.observe(turn_id, revision)
+        self._turn = (turn_id, revision)
+        self._turn_audio = list(audio)
+        self._segment.audio = []
+        self.mode = Mode.SPEAKING
+        if revision == 0:
+            self.control.user_started_speaking()
+
+    def _close_turn(self, speech_end: float) -> None:
+        assert self._turn is not None
+        turn_id, revision = self._turn
+        audio = np.concatenate(self._turn_audio) if self._turn_audio else np.zeros(0, dtype=np.int16)
+        self.control.turn_ended(turn_id, revision, audio, speech_end)
+        self.tracker.start_reopen_grace(turn_id, revision, self.settings.reopen_grace_ms / 1000)
+        self._closed = _ClosedTurn(turn_id, revision, audio)
+        self._turn = None
+        self._turn_audio = []
+        self._to_idle()
+
+    def _to_idle(self) -> None:
+        self.mode = Mode.IDLE
+        self._segment = _Segment()
+        self._preroll.clear()
+
+    @property
+    def in_turn(self) -> bool:
+        return self.mode is Mode.SPEAKING

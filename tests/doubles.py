@@ -1,0 +1,107 @@
+"""Test doubles for the engines: fast, deterministic, in tests only (the service runs real models)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from parley.engines import Engines
+from parley.engines.llm import Message
+from parley.engines.stt import Transcription
+
+TONE_RATE = 16000
+
+
+class LoudnessVadStream:
+    """Speech = loud: probability 1.0 for chunks above an RMS level, 0.0 otherwise."""
+
+    def __init__(self, level: float = 500.0) -> None:
+        self.level = level
+
+    def probability(self, chunk: np.ndarray) -> float:
+        rms = float(np.sqrt(np.mean(chunk.astype(np.float64) ** 2))) if chunk.size else 0.0
+        return 1.0 if rms > self.level else 0.0
+
+    def reset(self) -> None:
+        pass
+
+
+class LoudnessVad:
+    sample_rate = 16000
+    chunk_samples = 512
+
+    def new_stream(self) -> LoudnessVadStream:
+        return LoudnessVadStream()
+
+
+class ScriptedStt:
+    """Answers `text_for(duration_s)`; records what it was asked."""
+
+    def __init__(self, text_for: Callable[[float], str] | None = None, delay_s: float = 0.0) -> None:
+        self.text_for = text_for or (lambda seconds: "hello there" if seconds > 0.25 else "")
+        self.delay_s = delay_s
+        self.calls: list[float] = []
+
+    def transcribe(self, audio: np.ndarray) -> Transcription:
+        seconds = audio.size / 16000
+        self.calls.append(seconds)
+        time.sleep(self.delay_s)
+        return Transcription(text=self.text_for(seconds), no_speech_prob=0.0, seconds=self.delay_s)
+
+
+class ScriptedLlm:
+    """Streams a fixed reply word by word, one word per `token_s`; remembers the prompts."""
+
+    def __init__(self, reply: str = "Sure, the weather is fine today. Anything else?", token_s: float = 0.01):
+        self.reply = reply
+        self.token_s = token_s
+        self.prompts: list[list[Message]] = []
+        self.stopped = threading.Event()
+
+    def stream(self, messages: list[Message], should_stop: Callable[[], bool]) -> Iterator[str]:
+        self.prompts.append(messages)
+        for word in self.reply.split(" "):
+            if should_stop():
+                self.stopped.set()
+                return
+            time.sleep(self.token_s)
+            yield word + " "
+
+
+class ToneTts:
+    """A 440 Hz tone, `seconds_per_word` long per word, in chunks of `chunk_s`."""
+
+    sample_rate = TONE_RATE
+
+    def __init__(self, seconds_per_word: float = 0.2) -> None:
+        self.seconds_per_word = seconds_per_word
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]:
+        n = int(self.sample_rate * self.seconds_per_word * max(1, len(text.split())))
+        t = np.arange(n) / self.sample_rate
+        yield (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
+
+
+def make_engines(**overrides: object) -> Engines:
+    parts: dict[str, object] = {
+        "vad": LoudnessVad(),
+        "stt": ScriptedStt(),
+        "llm": ScriptedLlm(),
+        "tts": ToneTts(),
+    }
+    parts.update(overrides)
+    return Engines(**parts)  # type: ignore[arg-type]
+
+
+def loud(ms: float, rate: int = 16000) -> np.ndarray:
+    """Audio the LoudnessVad calls speech."""
+    n = int(rate * ms / 1000)
+    t = np.arange(n) / rate
+    return (np.sin(2 * np.pi * 200 * t) * 6000).astype(np.int16)
+
+
+def quiet(ms: float, rate: int = 16000) -> np.ndarray:
+    return np.zeros(int(rate * ms / 1000), dtype=np.int16)

@@ -1,0 +1,127 @@
+"""A Call with test engines: the whole stage chain, barge-in, reopen, and an orderly end."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from parley.call import Call
+from parley.config import Settings
+from tests.doubles import ScriptedLlm, ScriptedStt, loud, make_engines, quiet
+
+RATE = 16000
+FRAME = 320
+
+
+class Line:
+    """Plays the transport: feeds caller audio in 20 ms frames at real pace and pulls reply frames."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.events: list[dict[str, Any]] = []
+        self.heard: list[tuple[float, bool]] = []
+        self._stop = threading.Event()
+        self._puller = threading.Thread(target=self._pull, daemon=True)
+        call.set_event_sink(self.events.append)
+
+    def _pull(self) -> None:
+        while not self._stop.is_set():
+            frame = self.call.outbound.pull_frame()
+            self.heard.append((time.monotonic(), bool(frame.any())))
+            time.sleep(0.02)
+
+    def start(self) -> None:
+        self._puller.start()
+
+    def say(self, pcm: np.ndarray) -> None:
+        for i in range(0, pcm.size, FRAME):
+            self.call.push_audio(pcm[i : i + FRAME])
+            time.sleep(0.02)
+
+    def wait(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"events so far: {self.events}")
+            time.sleep(0.01)
+
+    def event(self, kind: str, **match: Any) -> dict[str, Any] | None:
+        for e in self.events:
+            if e["type"] == kind and all(e.get(k) == v for k, v in match.items()):
+                return e
+        return None
+
+    def playing(self) -> bool:
+        return any(sound for _, sound in self.heard[-3:])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._puller.join()
+
+
+@pytest.fixture
+def call_and_line() -> Iterator[tuple[Call, Line]]:
+    settings = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=300)
+    engines = make_engines(llm=ScriptedLlm(token_s=0.02), stt=ScriptedStt())
+    call = Call("c-test", "test", settings, engines, outbound_rate=RATE)
+    line = Line(call)
+    call.start()
+    line.start()
+    yield call, line
+    line.stop()
+    call.end("test_over")
+    assert call.join(5.0)
+
+
+def test_the_caller_speaks_and_hears_a_reply(call_and_line) -> None:  # type: ignore[no-untyped-def]
+    call, line = call_and_line
+    line.say(np.concatenate([loud(800), quiet(500)]))
+    line.wait(lambda: line.event("agent_done") is not None)
+    done = line.event("agent_done")
+    assert done is not None and done["interrupted"] is False and "weather" in done["text"]
+    assert line.event("user_transcript", text="hello there") is not None
+    assert any(sound for _, sound in line.heard)
+    transcript = call.details()["transcript"]
+    assert transcript[0]["user"] == "hello there" and transcript[0]["agent_state"] == "committed"
+
+
+def test_the_caller_interrupts_and_the_reply_stops_and_is_marked(call_and_line) -> None:  # type: ignore[no-untyped-def]
+    call, line = call_and_line
+    call.engines.tts.seconds_per_word = 0.4  # type: ignore[attr-defined]
+    line.say(np.concatenate([loud(800), quiet(400)]))
+    line.wait(line.playing)
+    line.say(loud(1000))
+    line.wait(lambda: line.event("agent_done", interrupted=True) is not None)
+    barge = line.event("barge_in")
+    assert barge is not None and barge["stop_s"] < 0.2
+    first = call.details()["transcript"][0]
+    assert first["agent_state"] == "interrupted"
+    line.say(quiet(500))
+    line.wait(lambda: len(call.details()["transcript"]) == 2)
+
+
+def test_a_pause_inside_the_grace_window_gives_one_reply(call_and_line) -> None:  # type: ignore[no-untyped-def]
+    _, line = call_and_line
+    line.say(np.concatenate([loud(600), quiet(400), loud(600), quiet(600)]))
+    line.wait(lambda: line.event("agent_done") is not None)
+    transcripts = [e for e in line.events if e["type"] == "user_transcript"]
+    assert transcripts[-1]["revision"] == 1
+    assert len([e for e in line.events if e["type"] == "agent_done"]) == 1
+
+
+def test_ending_the_call_stops_every_thread() -> None:
+    call = Call("c-end", "test", Settings(greeting="Hi there."), make_engines(), outbound_rate=RATE)
+    before = threading.active_count()
+    call.start()
+    assert call.threads_alive() == 4
+    assert call.end("hangup") is True
+    assert call.end("hangup") is False
+    assert call.join(5.0)
+    assert call.threads_alive() == 0
+    assert threading.active_count() <= before
+    assert call.details()["state"] == "ended"

@@ -1,0 +1,156 @@
+"""Turn-taking decisions from speech probabilities (32 ms chunks), with the real turn tracker."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from parley.config import Settings
+from parley.pipeline.turns import SpeculativeTurnTracker
+from parley.pipeline.turntaking import Mode, TurnTaker
+
+CHUNK_MS = 32.0
+CHUNK = np.zeros(512, dtype=np.int16)
+
+
+class Control:
+    def __init__(self) -> None:
+        self.active = False
+        self.log: list[str] = []
+        self.ended: list[tuple[str, int, int]] = []
+        self.backchannel = False
+        self.turns = 0
+
+    def agent_active(self) -> bool:
+        return self.active
+
+    def pause_agent(self) -> float:
+        self.log.append("pause")
+        return time.monotonic()
+
+    def resume_agent(self) -> None:
+        self.log.append("resume")
+
+    def interrupt_agent(self, onset_arrived_at: float) -> None:
+        self.log.append("interrupt")
+        self.active = False
+
+    def open_turn(self) -> str:
+        self.turns += 1
+        return f"turn-{self.turns}"
+
+    def user_started_speaking(self) -> None:
+        self.log.append("speaking")
+
+    def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
+        self.ended.append((turn_id, revision, audio.size))
+
+    def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None:
+        self.log.append(f"reopen {turn_id} {base}->{candidate}")
+
+    def is_backchannel(self, audio: np.ndarray) -> bool:
+        self.log.append("check")
+        return self.backchannel
+
+
+@pytest.fixture
+def setup() -> tuple[TurnTaker, Control, SpeculativeTurnTracker]:
+    settings = Settings(
+        min_speech_ms=200,
+        end_of_turn_ms=300,
+        reopen_grace_ms=600,
+        blip_silence_ms=160,
+        backchannel_max_ms=700,
+    )
+    tracker = SpeculativeTurnTracker()
+    control = Control()
+    return TurnTaker(settings, tracker, control, CHUNK_MS), control, tracker
+
+
+def feed(taker: TurnTaker, probability: float, ms: float) -> None:
+    for _ in range(round(ms / CHUNK_MS)):
+        taker.process(CHUNK, probability, time.monotonic())
+
+
+def test_speech_then_silence_makes_one_turn(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    feed(taker, 0.9, 800)
+    assert control.log == ["speaking"] and not control.ended
+    feed(taker, 0.0, 400)
+    assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]
+    assert taker.mode is Mode.IDLE
+
+
+def test_a_blip_is_not_a_turn(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    feed(taker, 0.9, 96)
+    feed(taker, 0.0, 600)
+    assert control.ended == [] and control.turns == 0
+
+
+def test_speech_inside_grace_reopens_the_turn_as_next_revision(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, tracker = setup
+    feed(taker, 0.9, 800)
+    feed(taker, 0.0, 320)
+    assert tracker.has_pending_reopen_or_grace("turn-1", 0)
+    feed(taker, 0.9, 64)
+    assert taker.mode is Mode.REOPEN and tracker.has_pending_reopen("turn-1", 0)
+    feed(taker, 0.9, 200)
+    assert "reopen turn-1 0->1" in control.log
+    assert not tracker.is_latest("turn-1", 0) and tracker.is_latest("turn-1", 1)
+    feed(taker, 0.9, 300)
+    feed(taker, 0.0, 400)
+    (_, _, first_size), (turn, revision, second_size) = control.ended
+    assert (turn, revision) == ("turn-1", 1)
+    assert second_size > first_size  # the old utterance and the new speech, together
+
+
+def test_a_blip_inside_grace_cancels_the_candidate_and_the_reply_goes_on(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, tracker = setup
+    feed(taker, 0.9, 800)
+    feed(taker, 0.0, 320)
+    feed(taker, 0.9, 64)
+    feed(taker, 0.0, 200)
+    assert not tracker.has_pending_reopen("turn-1", 0)
+    assert tracker.is_latest("turn-1", 0)
+    assert len(control.ended) == 1
+
+
+def test_speech_over_the_agent_pauses_then_a_blip_resumes(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 96)
+    assert control.log == ["pause"]
+    feed(taker, 0.0, 200)
+    assert control.log == ["pause", "resume"]
+
+
+def test_long_speech_over_the_agent_interrupts_and_starts_a_turn(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 800)
+    assert control.log[:2] == ["pause", "interrupt"]
+    assert taker.mode is Mode.SPEAKING
+    feed(taker, 0.0, 400)
+    assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]
+
+
+def test_a_backchannel_resumes_the_agent(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    control.backchannel = True
+    feed(taker, 0.9, 400)
+    feed(taker, 0.0, 200)
+    assert control.log == ["pause", "check", "resume"]
+
+
+def test_a_short_word_that_is_not_a_backchannel_interrupts(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 400)
+    feed(taker, 0.0, 200)
+    assert control.log[:3] == ["pause", "check", "interrupt"]
+    feed(taker, 0.0, 200)
+    assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]
