@@ -1,0 +1,261 @@
+"""The aiohttp application: signaling routes, the call API, health, metrics and the browser page."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from parley import metrics
+from parley.call import Call
+from parley.config import Settings
+from parley.engines import Engines, load_engines
+from parley.log import event
+from parley.registry import CallRegistry
+from parley.transports.webrtc import WEBRTC_RATE, SignalingError, WebRtcPeer, configure_ice, parse_ice_servers
+
+log = logging.getLogger(__name__)
+
+SETTINGS = web.AppKey("settings", Settings)
+REGISTRY = web.AppKey("registry", CallRegistry)
+STATE = web.AppKey("state", dict)
+RETRY_AFTER_S = "5"
+_ASSET_TYPES = {
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+    ".html": "text/html",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def default_web_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "web"
+
+
+def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+class ApiError(Exception):
+    """A refusal the caller should understand: it leaves as `{"error": message}` with this status."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure leaves as JSON `{"error": ...}` with its status; nothing escapes as a bare 500."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return json_error(exc.status, exc.message, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return json_error(exc.status, exc.reason)
+    except Exception:
+        log.exception("request_failed", extra={"path": request.path})
+        return json_error(500, "internal error")
+
+
+def _authorise(request: web.Request) -> None:
+    token = request.app[SETTINGS].token
+    if token and request.headers.get("Authorization", "") != f"Bearer {token}":
+        raise ApiError(401, "missing or wrong bearer token")
+
+
+def _engines_or_503(request: web.Request) -> Engines:
+    state = request.app[STATE]
+    engines: Engines | None = state.get("engines")
+    if engines is None:
+        message = "models are still loading" if not state.get("load_error") else "models failed to load"
+        raise ApiError(503, message, {"Retry-After": RETRY_AFTER_S})
+    if request.app[REGISTRY].at_capacity():
+        raise ApiError(503, "at capacity, try again shortly", {"Retry-After": RETRY_AFTER_S})
+    return engines
+
+
+async def _start_webrtc_call(request: web.Request, offer_sdp: str) -> tuple[Call, str]:
+    app = request.app
+    engines = _engines_or_503(request)
+    settings, registry = app[SETTINGS], app[REGISTRY]
+    call_id = registry.new_call_id()
+    call = Call(call_id, "webrtc", settings, engines, WEBRTC_RATE)
+    peer = WebRtcPeer(
+        call, parse_ice_servers(settings.ice_servers), lambda why: registry.end_soon(call_id, why)
+    )
+    try:
+        answer = await peer.answer(offer_sdp)
+    except SignalingError as exc:
+        await peer.close()
+        raise ApiError(400, str(exc)) from exc
+    registry.add(call, peer.close)
+    call.start()
+    return call, answer
+
+
+async def _read_body(request: web.Request) -> bytes:
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise ApiError(413, f"body too large (limit {request.app[SETTINGS].max_body_bytes} bytes)") from exc
+
+
+async def offer(request: web.Request) -> web.Response:
+    _authorise(request)
+    body = await _read_body(request)
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "the body must be JSON") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("sdp"), str):
+        raise ApiError(400, 'expected {"sdp": "...", "type": "offer"}')
+    if data.get("type") != "offer":
+        raise ApiError(400, "type must be 'offer'")
+    call, answer = await _start_webrtc_call(request, data["sdp"])
+    return web.json_response({"sdp": answer, "type": "answer", "call_id": call.call_id})
+
+
+async def whip_post(request: web.Request) -> web.Response:
+    _authorise(request)
+    if request.content_type != "application/sdp":
+        raise ApiError(415, "WHIP offers are application/sdp")
+    body = await _read_body(request)
+    try:
+        sdp = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "the SDP must be UTF-8") from exc
+    call, answer = await _start_webrtc_call(request, sdp)
+    return web.Response(
+        status=201, text=answer, content_type="application/sdp", headers={"Location": f"/whip/{call.call_id}"}
+    )
+
+
+async def whip_delete(request: web.Request) -> web.Response:
+    _authorise(request)
+    call_id = request.match_info["call_id"]
+    if not await request.app[REGISTRY].end(call_id, "hangup"):
+        raise ApiError(404, f"no active call {call_id}")
+    return web.json_response({"call_id": call_id, "state": "ended"})
+
+
+async def list_calls(request: web.Request) -> web.Response:
+    _authorise(request)
+    return web.json_response([call.summary() for call in request.app[REGISTRY].active()])
+
+
+async def get_call(request: web.Request) -> web.Response:
+    _authorise(request)
+    call = request.app[REGISTRY].get(request.match_info["call_id"])
+    if call is None:
+        raise ApiError(404, "no such call")
+    return web.json_response(call.details())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.get("engines") is None:
+        reason = state.get("load_error") or "models loading"
+        return web.json_response({"ready": False, "reason": reason}, status=503)
+    if request.app[REGISTRY].at_capacity():
+        return web.json_response(
+            {"ready": False, "reason": "at capacity"}, status=503, headers={"Retry-After": RETRY_AFTER_S}
+        )
+    return web.json_response({"ready": True, "calls": len(request.app[REGISTRY].active())})
+
+
+async def prometheus(request: web.Request) -> web.Response:
+    return web.Response(body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+def _static(web_dir: Path) -> Handler:
+    async def serve(request: web.Request) -> web.StreamResponse:
+        name = request.match_info.get("name") or "index.html"
+        path = (web_dir / name).resolve()
+        if path.parent != web_dir.resolve() or not path.is_file():
+            raise ApiError(404, "not found")
+        headers = {
+            "Content-Type": _ASSET_TYPES.get(path.suffix, "application/octet-stream"),
+            "Cache-Control": "no-cache",
+        }
+        return web.FileResponse(path, headers=headers)
+
+    return serve
+
+
+def create_app(settings: Settings, engines: Engines | None = None) -> web.Application:
+    """The service. Without `engines`, the models load in a thread at start-up (readyz says when)."""
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_as_json])
+    app[SETTINGS] = settings
+    app[REGISTRY] = CallRegistry(settings.max_calls)
+    app[STATE] = {"engines": engines, "owns_engines": engines is None}
+    configure_ice(settings.ice_addresses)
+    parse_ice_servers(settings.ice_servers)  # a bad URL fails at start, not at the first call
+
+    web_dir = Path(settings.web_dir) if settings.web_dir else default_web_dir()
+    static = _static(web_dir)
+    app.router.add_get("/", static)
+    app.router.add_post("/offer", offer)
+    app.router.add_post("/whip", whip_post)
+    app.router.add_delete("/whip/{call_id}", whip_delete)
+    app.router.add_get("/api/calls", list_calls)
+    app.router.add_get("/api/calls/{call_id}", get_call)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", prometheus)
+    app.router.add_get(r"/{name:[A-Za-z0-9_-]+\.(?:js|css|svg|png|ico|html)}", static)
+
+    app.on_startup.append(_load_models)
+    app.on_shutdown.append(_end_calls)
+    app.on_cleanup.append(_close_engines)
+    return app
+
+
+async def _load_models(app: web.Application) -> None:
+    state: dict[str, Any] = app[STATE]
+    if state["engines"] is not None:
+        metrics.MODELS_READY.set(1)
+        return
+
+    async def load() -> None:
+        try:
+            state["engines"] = await asyncio.to_thread(load_engines, app[SETTINGS])
+            metrics.MODELS_READY.set(1)
+            event(log, "ready")
+        except Exception as exc:
+            state["load_error"] = f"{type(exc).__name__}: {exc}"
+            log.exception("models_failed_to_load")
+
+    state["loader"] = asyncio.ensure_future(load())
+
+
+async def _end_calls(app: web.Application) -> None:
+    await app[REGISTRY].end_all("shutdown")
+
+
+async def _close_engines(app: web.Application) -> None:
+    state = app[STATE]
+    loader = state.get("loader")
+    if loader is not None:
+        await loader
+    engines: Engines | None = state.get("engines")
+    if engines is not None and state["owns_engines"]:
+        await asyncio.to_thread(engines.close)
+    metrics.MODELS_READY.set(0)

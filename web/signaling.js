@@ -1,0 +1,88 @@
+// Signaling: the peer connection and its offer/answer exchange over HTTP (POST /offer, DELETE /whip/<id>).
+// Non-trickle: the offer goes out once, carrying every ICE candidate gathered in time.
+
+export const BUSY_MESSAGE = "All lines are busy, try again in a few seconds";
+const ICE_GATHER_TIMEOUT_MS = 2000; // a slow STUN server must not hold up the call
+
+const params = new URLSearchParams(location.search);
+const TOKEN = params.get("token");
+
+/** A failure whose message is fit to show the caller as it is. */
+export class CallError extends Error {}
+
+function authHeaders() {
+  return TOKEN ? { Authorization: `Bearer ${TOKEN}` } : {};
+}
+
+/** ?ice=stun:host:port,turn:user:pass@host:port (the same forms the server's --ice-servers takes). */
+function iceServersFromUrl() {
+  const urls = (params.get("ice") || "").split(",").map((s) => s.trim()).filter(Boolean);
+  return urls.map((url) => {
+    const m = /^(turns?):([^:@]+):([^@]+)@(.+)$/.exec(url);
+    if (!m) return { urls: url };
+    return { urls: `${m[1]}:${m[4]}`, username: decodeURIComponent(m[2]), credential: decodeURIComponent(m[3]) };
+  });
+}
+
+/**
+ * A peer connection sending `stream`, with the "events" data channel.
+ * @param {{stream: MediaStream, onMessage: Function, onTrack: Function, onStateChange: Function}} handlers
+ */
+export function createPeer({ stream, onMessage, onTrack, onStateChange }) {
+  const pc = new RTCPeerConnection({ iceServers: iceServersFromUrl() });
+  stream.getTracks().forEach((track) => pc.addTrack(track, stream));
+  // Created before the offer so the SDP carries the data-channel section the server answers to.
+  const channel = pc.createDataChannel("events");
+  channel.onmessage = (msg) => onMessage(msg.data);
+  pc.ontrack = (ev) => onTrack(ev.streams[0] || new MediaStream([ev.track]));
+  pc.onconnectionstatechange = () => onStateChange(pc.connectionState);
+  return pc;
+}
+
+/** Resolves once ICE gathering is complete, or after ICE_GATHER_TIMEOUT_MS with what was found. */
+export function iceGatheringDone(pc) {
+  return new Promise((resolve) => {
+    const check = () => {
+      if (pc.iceGatheringState === "complete") finish();
+    };
+    const finish = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("icegatheringstatechange", check);
+      resolve();
+    };
+    const timer = setTimeout(finish, ICE_GATHER_TIMEOUT_MS);
+    pc.addEventListener("icegatheringstatechange", check);
+    check();
+  });
+}
+
+function offerErrorMessage(status, error) {
+  if (status === 503) return BUSY_MESSAGE;
+  if (status === 401 || status === 403) return "The server refused this link's access token.";
+  return error || `The server could not start the call (HTTP ${status}).`;
+}
+
+/** Sends the local offer; resolves to the answer {sdp, type, call_id} or throws CallError. */
+export async function postOffer(pc) {
+  let res;
+  try {
+    res = await fetch("/offer", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", ...authHeaders() },
+      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }),
+    });
+  } catch {
+    throw new CallError("Could not reach the Parley server. Check your connection and try again.");
+  }
+  const body = await res.json().catch(() => ({}));
+  if (!res.ok) throw new CallError(offerErrorMessage(res.status, body.error));
+  if (!body.sdp) throw new CallError("The server sent an unusable answer. Please try again.");
+  return body;
+}
+
+/** Asks the server to free the line. Best effort: the call may already be gone on its side. */
+export function deleteCall(callId) {
+  // keepalive lets the request outlive the page when the hang-up comes from closing the tab.
+  fetch(`/whip/${encodeURIComponent(callId)}`, { method: "DELETE", headers: authHeaders(), keepalive: true })
+    .catch(() => {});
+}
