@@ -1,0 +1,83 @@
+"""Simultaneous callers: N callers ask different questions at the same moment.
+
+Checks that every caller got its own question transcribed and a reply to it (not another caller's),
+and reports each caller's response latency, plus the service's CPU use while the calls ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from parley.bench import percentiles
+from parley.bench.caller import Caller
+from parley.bench.common import QUESTIONS, service_for
+from parley.bench.cpu import cpu_seconds, rss_mb
+from parley.bench.speech import espeak
+
+NAME = "calls"
+HELP = "N simultaneous callers: right replies, latency, CPU per call"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--callers", type=int, default=3, help="simultaneous callers (default 3)")
+    parser.add_argument("--rounds", type=int, default=2, help="questions each caller asks (default 2)")
+
+
+def words(text: str) -> set[str]:
+    return {w.strip(".,?!'\"").lower() for w in text.split() if w.strip(".,?!'\"")}
+
+
+async def _one_caller(url: str, index: int, rounds: int, together: asyncio.Barrier) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    async with Caller(url) as caller:
+        await caller.wait_for_event("agent_done", timeout=60, turn_id="greeting")
+        for round_no in range(rounds):
+            question = QUESTIONS[(index + round_no * 3) % len(QUESTIONS)]
+            clip = espeak(question)
+            await asyncio.wait_for(together.wait(), 90)  # every caller speaks at the same moment
+            _, spoken_end = await caller.say(clip)
+            heard_at = await caller.wait_for_audio(after=spoken_end, timeout=30)
+            said = await caller.wait_for_event("user_transcript", timeout=10, after=spoken_end)
+            done = await caller.wait_for_event("agent_done", timeout=60, after=spoken_end)
+            overlap = len(words(said["text"]) & words(question)) / len(words(question))
+            results.append(
+                {
+                    "question": question,
+                    "transcript": said["text"],
+                    "transcript_overlap": round(overlap, 2),
+                    "reply": done["text"],
+                    "right_turn": done["turn_id"] == said["turn_id"],
+                    "response_s": round(heard_at - spoken_end, 4),
+                }
+            )
+            await caller.wait_for_silence(after=heard_at, hold_s=1.0, timeout=60)
+        return {"caller": index, "call_id": caller.call_id, "rounds": results}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    with service_for(args) as (url, service):
+        pid = service.process.pid if service and service.process else None
+        return await measure(url, args.callers, args.rounds, pid)
+
+
+async def measure(url: str, callers: int, rounds: int, pid: int | None = None) -> dict[str, Any]:
+    together = asyncio.Barrier(callers)
+    cpu0, wall0 = (cpu_seconds(pid) if pid else 0.0), time.monotonic()
+    per_caller = await asyncio.gather(*(_one_caller(url, i, rounds, together) for i in range(callers)))
+    wall = time.monotonic() - wall0
+    rows = [r for c in per_caller for r in c["rounds"]]
+    right = [r for r in rows if r["transcript_overlap"] >= 0.6 and r["reply"] and r["right_turn"]]
+    summary: dict[str, Any] = {
+        "callers": callers,
+        "replies right": f"{len(right)}/{len(rows)}",
+        "response_s (caller)": percentiles([r["response_s"] for r in rows]),
+    }
+    if pid:
+        summary["server cpu per call (% of a core)"] = round(
+            100 * (cpu_seconds(pid) - cpu0) / wall / callers, 1
+        )
+        summary["server rss MB"] = round(rss_mb(pid))
+    return {"summary": summary, "callers": per_caller, "ok": len(right) == len(rows)}

@@ -1,0 +1,126 @@
+"""Interruption: how fast the agent stops when the caller talks over it, and whether blips cut it.
+
+Barge-in trials: the caller asks for a story; while the reply plays it speaks over it. Measured at the
+caller: from the onset of its speech to the moment the reply audio it receives falls silent.
+Blip trials: while a reply plays, a 100-150 ms cough-like noise. A blip must never cut the reply for
+good; the benchmark counts those that did and how long the reply paused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from typing import Any
+
+import numpy as np
+
+from parley.bench import percentiles
+from parley.bench.caller import Caller
+from parley.bench.common import service_for
+from parley.bench.speech import cough, espeak
+
+NAME = "interruption"
+HELP = "caller speech onset -> reply silent at the caller; blips that cut replies"
+
+STORY_PROMPTS = (
+    "tell me a story about a brave little dragon",
+    "tell me a story about a ship lost at sea",
+    "describe a walk through a busy city market",
+    "tell me a story about a robot who learns to paint",
+)
+INTERRUPTION = "sorry to stop you, can you tell me the time in london instead"
+ONSET_DBFS = -40.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trials", type=int, default=20, help="barge-in trials (default 20)")
+    parser.add_argument("--blips", type=int, default=20, help="blip trials (default 20)")
+    parser.add_argument("--seed", type=int, default=7)
+
+
+def speech_onset_s(pcm: np.ndarray, rate: int = 16000) -> float:
+    """Where speech starts in a clip (first 10 ms window above ONSET_DBFS)."""
+    window = rate // 100
+    for i in range(0, pcm.size - window, window):
+        chunk = pcm[i : i + window].astype(np.float64)
+        if 10 * np.log10(max(1e-12, float(np.mean(chunk * chunk))) / 32768.0**2) > ONSET_DBFS:
+            return i / rate
+    return 0.0
+
+
+async def _reply_playing(caller: Caller, prompt: str) -> float:
+    """Ask for a reply and return once its audio has been playing for a moment."""
+    _, spoken_end = await caller.say(espeak(prompt))
+    started = await caller.wait_for_audio(after=spoken_end, timeout=30)
+    return started
+
+
+async def _settle(caller: Caller) -> None:
+    """Wait until the agent has been quiet for a while (its answer to the last turn included)."""
+    await caller.wait_for_silence(after=time.monotonic(), hold_s=1.5, timeout=60)
+
+
+async def barge_in_trial(
+    caller: Caller, prompt: str, delay_s: float, clip: np.ndarray
+) -> dict[str, Any] | None:
+    started = await _reply_playing(caller, prompt)
+    await asyncio.sleep(delay_s)
+    playback = caller.mic.play(clip)
+    onset = await playback.started + speech_onset_s(clip)
+    await asyncio.sleep(0.05)  # the frames received up to the onset are in
+    if caller.speech_seconds_between(onset - 0.1, onset) < 0.08:
+        await playback.finished
+        await _settle(caller)
+        return None  # the reply was between words or over: nothing audible to interrupt
+    silent_at = await caller.wait_for_silence(after=onset, hold_s=0.5, timeout=10)
+    finished = await playback.finished
+    done = await caller.wait_for_event("agent_done", timeout=30, after=started, interrupted=True)
+    barge = await caller.wait_for_event("barge_in", timeout=5, after=started)
+    await caller.wait_for_event("agent_done", timeout=60, after=finished)  # its answer to the interruption
+    await _settle(caller)
+    return {"stop_s": round(silent_at - onset, 4), "server_stop_s": barge["stop_s"], "heard": done["text"]}
+
+
+async def blip_trial(caller: Caller, prompt: str, delay_s: float, noise: np.ndarray) -> dict[str, Any] | None:
+    started = await _reply_playing(caller, prompt)
+    await asyncio.sleep(delay_s)
+    blip_start, _ = await caller.say(noise)
+    if caller.speech_seconds_between(blip_start - 0.2, blip_start) < 0.06:
+        await _settle(caller)
+        return None
+    done = await caller.wait_for_event("agent_done", timeout=60, after=started)
+    await _settle(caller)
+    return {"cut": bool(done["interrupted"]), "pause_s": round(caller.longest_silence(blip_start, 2.0), 3)}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    clip = espeak(INTERRUPTION)
+    stops: list[dict[str, Any]] = []
+    blips: list[dict[str, Any]] = []
+    with service_for(args) as (url, _service):
+        async with Caller(url) as caller:
+            await caller.wait_for_event("agent_done", timeout=30, turn_id="greeting")
+            attempts = 0
+            while len(stops) < args.trials and attempts < args.trials * 3:
+                attempts += 1
+                trial = await barge_in_trial(caller, rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0), clip)
+                if trial is not None:
+                    stops.append(trial)
+            attempts = 0
+            while len(blips) < args.blips and attempts < args.blips * 3:
+                attempts += 1
+                noise = cough(rng.uniform(100, 150), seed=rng.randrange(1 << 30))
+                trial = await blip_trial(caller, rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0), noise)
+                if trial is not None:
+                    blips.append(trial)
+    cut = sum(1 for b in blips if b["cut"])
+    summary = {
+        "stop_s (onset -> silent, caller)": percentiles([s["stop_s"] for s in stops]),
+        "server stop_s (audio in -> paused)": percentiles([s["server_stop_s"] for s in stops]),
+        "blips that cut a reply": f"{cut}/{len(blips)}",
+        "blip pause_s": percentiles([b["pause_s"] for b in blips]),
+    }
+    return {"summary": summary, "barge_ins": stops, "blips": blips, "ok": cut == 0}

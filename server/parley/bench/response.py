@@ -1,0 +1,68 @@
+"""Response latency: from the end of the caller's question to the first reply audio at the caller.
+
+One call; the caller waits for the greeting, then asks N questions (espeak-ng speech), one after the
+other, each once the previous reply has finished. Also reports the server's own per-stage timings and,
+when it started the service itself, the service's CPU use per call and memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from parley.bench import percentiles
+from parley.bench.caller import Caller
+from parley.bench.common import QUESTIONS, service_for
+from parley.bench.cpu import cpu_seconds, rss_mb
+from parley.bench.speech import espeak
+
+NAME = "response"
+HELP = "end of the caller's speech -> first reply audio at the caller"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trials", type=int, default=10, help="questions asked (default 10)")
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    with service_for(args) as (url, service):
+        return await measure(url, args.trials, service.process.pid if service and service.process else None)
+
+
+async def measure(url: str, trials: int, server_pid: int | None = None) -> dict[str, Any]:
+    clips = [espeak(QUESTIONS[i % len(QUESTIONS)]) for i in range(trials)]
+    rows: list[dict[str, Any]] = []
+    idle_rss = rss_mb(server_pid) if server_pid else None
+    async with Caller(url) as caller:
+        await caller.wait_for_event("agent_done", timeout=30, turn_id="greeting")
+        cpu_start, wall_start = (cpu_seconds(server_pid) if server_pid else 0.0), time.monotonic()
+        for i, clip in enumerate(clips):
+            await asyncio.sleep(0.5)
+            _, spoken_end = await caller.say(clip)
+            heard_at = await caller.wait_for_audio(after=spoken_end, timeout=20)
+            done_at = await caller.wait_for_silence(after=heard_at, hold_s=1.2, timeout=60)
+            server = await caller.wait_for_event("latency", timeout=5, after=spoken_end)
+            rows.append(
+                {
+                    "question": QUESTIONS[i % len(QUESTIONS)],
+                    "response_s": round(heard_at - spoken_end, 4),
+                    "reply_s": round(done_at - heard_at, 2),
+                    "server": server,
+                }
+            )
+        wall = time.monotonic() - wall_start
+        cpu = (cpu_seconds(server_pid) - cpu_start) if server_pid else None
+        call_rss = rss_mb(server_pid) if server_pid else None
+    latencies = [r["response_s"] for r in rows]
+    stage = {
+        key: percentiles([r["server"][key] for r in rows if r["server"].get(key) is not None])
+        for key in ("stt_s", "llm_first_token_s", "tts_first_audio_s", "response_s")
+    }
+    summary: dict[str, Any] = {"response_s (caller)": percentiles(latencies)}
+    summary.update({f"server {k}": v for k, v in stage.items()})
+    if cpu is not None:
+        summary["server cpu per call (% of a core)"] = round(100 * cpu / wall, 1)
+        summary["server rss MB (idle -> in call)"] = f"{idle_rss:.0f} -> {call_rss:.0f}"
+    return {"summary": summary, "trials": rows}

@@ -1,0 +1,68 @@
+"""Scripted caller speech: espeak-ng phrases and synthetic noises, as 16 kHz mono int16."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import soundfile
+
+from parley.audio import PIPELINE_RATE, resample
+
+
+class SpeechToolMissing(RuntimeError):
+    pass
+
+
+def espeak(text: str, *, voice: str = "en-us", words_per_minute: int = 150) -> np.ndarray:
+    """Speak `text` with espeak-ng (Debian package `espeak-ng`)."""
+    binary = shutil.which("espeak-ng")
+    if binary is None:
+        raise SpeechToolMissing("espeak-ng is not installed (make install installs it)")
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "speech.wav"
+        subprocess.run(
+            [binary, "-v", voice, "-s", str(words_per_minute), "-w", str(wav), text],
+            check=True,
+            capture_output=True,
+        )
+        data, rate = soundfile.read(str(wav), dtype="int16")
+    if data.ndim > 1:
+        data = data[:, 0]
+    return resample(np.asarray(data, dtype=np.int16), int(rate), PIPELINE_RATE)
+
+
+def read_wav(path: str | Path) -> np.ndarray:
+    data, rate = soundfile.read(str(path), dtype="int16")
+    if data.ndim > 1:
+        data = data.mean(axis=1).astype(np.int16)
+    return resample(np.asarray(data, dtype=np.int16), int(rate), PIPELINE_RATE)
+
+
+def write_wav(path: str | Path, pcm: np.ndarray, rate: int = PIPELINE_RATE) -> None:
+    soundfile.write(str(path), pcm, rate, subtype="PCM_16")
+
+
+def silence_ms(ms: float) -> np.ndarray:
+    return np.zeros(int(PIPELINE_RATE * ms / 1000), dtype=np.int16)
+
+
+def cough(ms: float = 130.0, *, seed: int = 0, level: float = 0.5) -> np.ndarray:
+    """A cough-like blip: a burst of low-passed noise with a fast attack and decay."""
+    rng = np.random.default_rng(seed)
+    n = int(PIPELINE_RATE * ms / 1000)
+    noise = rng.standard_normal(n)
+    kernel = np.ones(6) / 6.0  # a crude low-pass: coughs carry most energy below ~2 kHz
+    shaped = np.convolve(noise, kernel, mode="same")
+    t = np.linspace(0.0, 1.0, n)
+    envelope = np.minimum(1.0, t * 12.0) * np.exp(-3.5 * t)
+    burst = shaped * envelope
+    burst *= level / max(1e-9, float(np.max(np.abs(burst))))
+    return np.asarray(burst * 32767, dtype=np.int16)
+
+
+def join(*parts: np.ndarray) -> np.ndarray:
+    return np.concatenate([p.astype(np.int16, copy=False) for p in parts])

@@ -1,0 +1,39 @@
+"""Shared fixtures: the real service in a child process, and Whisper to check what callers heard."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from parley.bench.service import Service
+from parley.config import Settings
+from parley.engines.stt import SttEngine
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """`parley serve` with the default, real models, on a free loopback port."""
+    log_path: Path = tmp_path_factory.mktemp("service") / "parley.log"
+    service = Service(log_path=log_path)
+    try:
+        service.start()
+    except Exception:
+        print(log_path.read_text()[-5000:])
+        raise
+    yield service
+    code = service.stop()
+    assert code == 0, f"parley serve exited with {code}:\n{log_path.read_text()[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def whisper() -> Iterator[SttEngine]:
+    """The packaged Whisper, to transcribe what a caller heard."""
+    from parley.engines.stt import load_stt
+
+    stt = load_stt(Settings(stt_workers=1))
+    yield stt
+    close = getattr(stt, "close", None)
+    if callable(close):
+        close()
