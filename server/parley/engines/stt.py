@@ -36,6 +36,10 @@ TIME_PRECISION = 0.02  # seconds per Whisper timestamp token
 SEGMENT_SLACK_S = 0.2
 MAX_FRAMES = 3000  # Whisper's encoder has position embeddings for 30 s
 TAIL_PADDING = SAMPLE_RATE  # one second of trailing silence
+# Whisper was trained on 30 s windows. On 11 questions received over WebRTC (Opus) here, word errors were
+# 5/83 with one second of padding, 3/83 with 8-10 s of context, 1/83 with 12 s and 0/83 with 30 s, at
+# 0.18, 0.22, 0.25 and 0.61 s per utterance: 12 s is where accuracy stops paying for time.
+MIN_CONTEXT_SAMPLES = 12 * SAMPLE_RATE
 WINDOW_SAMPLES = MAX_FRAMES * HOP - TAIL_PADDING - HOP
 MIN_SAMPLES = SAMPLE_RATE // 10
 CUT_FRAME = 320  # 20 ms
@@ -197,7 +201,8 @@ class WhisperStt:
             end = samples.size if last else _quiet_cut(samples, start + WINDOW_SAMPLES)
             chunk = samples[start:end]
             # Feature extraction is numpy work: doing it here spreads it over the callers' threads.
-            features = self._model.feature_extractor(chunk, padding=TAIL_PADDING)[:, :MAX_FRAMES]
+            padding = max(TAIL_PADDING, MIN_CONTEXT_SAMPLES - chunk.size)
+            features = self._model.feature_extractor(chunk, padding=padding)[:, :MAX_FRAMES]
             window = _Window(features.astype(np.float32), chunk.size / SAMPLE_RATE)
             self._submit(window)
             decoded = window.future.result()
