@@ -115,7 +115,11 @@ class Settings:
     greeting: str = field(
         default=DEFAULT_GREETING, metadata=_opt("said at call start ('' for none)", "agent")
     )
-    history_turns: int = field(default=12, metadata=_opt("past turns sent to the LLM", "agent"))
+    history_turns: int = field(default=6, metadata=_opt("past turns sent to the LLM", "agent"))
+    max_reply_sentences: int = field(
+        default=3,
+        metadata=_opt("a reply stops after this many sentences (spoken replies stay short)", "agent"),
+    )
     # turn-taking and barge-in
     vad_threshold: float = field(
         default=0.5, metadata=_opt("speech probability that counts as speech", "turns")

@@ -91,9 +91,10 @@ class Conversation:
             for record in earlier[-self.max_turns_in_prompt :]:
                 if record.user_text:
                     messages.append({"role": "user", "content": record.user_text})
+                # What was heard, as it was heard: a marker for the cut ("…") measurably made SmolLM2
+                # copy cut-off replies into its next answers.
                 if record.agent_text and record.agent_state in ("committed", "interrupted"):
-                    suffix = " …" if record.agent_state == "interrupted" else ""
-                    messages.append({"role": "assistant", "content": record.agent_text + suffix})
+                    messages.append({"role": "assistant", "content": record.agent_text})
             if current is not None and current.user_text:
                 messages.append({"role": "user", "content": current.user_text})
             return messages

@@ -17,6 +17,10 @@ FIRST_PIECE_MIN_WORDS = 4
 LONG_PIECE_WORDS = 28
 
 
+def ends_sentence(piece: str) -> bool:
+    return piece.rstrip("\"')] ")[-1:] in (".", "!", "?", "…")
+
+
 def clean_for_speech(text: str) -> str:
     """Drop markdown that a voice cannot say; keep the words."""
     text = _MARKUP.sub(lambda m: m.group(1) or "", text)

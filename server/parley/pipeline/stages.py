@@ -36,7 +36,7 @@ from parley.pipeline.messages import (
     Utterance,
 )
 from parley.pipeline.queues import QueueClosed, StageQueue
-from parley.pipeline.segmenter import ReplySegmenter
+from parley.pipeline.segmenter import ReplySegmenter, ends_sentence
 from parley.pipeline.turntaking import TurnTaker
 
 log = logging.getLogger(__name__)
@@ -184,6 +184,7 @@ class LlmStage(Stage[Transcript]):
         messages = self.ctx.conversation.messages_for(tag.turn_id)
         segmenter = ReplySegmenter()
         started = time.monotonic()
+        sentences_left = self.ctx.settings.max_reply_sentences
         try:
             for delta in self.llm.stream(messages, should_stop=lambda: self.ctx.is_stale(tag)):
                 if response.llm_first_token_s is None:
@@ -191,9 +192,10 @@ class LlmStage(Stage[Transcript]):
                     metrics.STAGE_LATENCY.labels(stage="llm_first_token").observe(response.llm_first_token_s)
                 for piece in segmenter.push(delta):
                     self.outbox.put(ReplyText(response, piece))
-                if self.ctx.is_stale(tag):
+                    sentences_left -= ends_sentence(piece)
+                if self.ctx.is_stale(tag) or sentences_left <= 0:
                     break
-            if not self.ctx.is_stale(tag):
+            if not self.ctx.is_stale(tag) and sentences_left > 0:
                 for piece in segmenter.flush():
                     self.outbox.put(ReplyText(response, piece))
         finally:
