@@ -202,7 +202,15 @@ class Call:
         metrics.BARGE_INS_TOTAL.inc()
         if was_playing:
             metrics.INTERRUPTION_LATENCY.observe(stop_s)
-        self.emit({"type": "barge_in", "stop_s": round(stop_s, 4)})
+        # Monotonic clock readings too: on one machine a benchmark can line them up with its own.
+        self.emit(
+            {
+                "type": "barge_in",
+                "stop_s": round(stop_s, 4),
+                "heard_at": onset_arrived_at,
+                "paused_at": paused_at,
+            }
+        )
         event(log, "barge_in", call_id=self.call_id, stop_s=round(stop_s, 4), cut=len(cut))
 
     def open_turn(self) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 from parley.bench import percentiles
 from parley.bench.caller import Caller
 from parley.bench.common import service_for
-from parley.bench.speech import cough, espeak
+from parley.bench.speech import cough, espeak, join, silence_ms, trim
 
 NAME = "interruption"
 HELP = "caller speech onset -> reply silent at the caller; blips that cut replies"
@@ -37,6 +37,8 @@ ONSET_DBFS = -40.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=20, help="barge-in trials (default 20)")
     parser.add_argument("--blips", type=int, default=20, help="blip trials (default 20)")
+    parser.add_argument("--pauses", type=int, default=10, help="mid-sentence pause trials (default 10)")
+    parser.add_argument("--pause-ms", type=int, default=400, help="the pause in those trials (default 400)")
     parser.add_argument("--seed", type=int, default=7)
 
 
@@ -80,7 +82,13 @@ async def barge_in_trial(
     barge = await caller.wait_for_event("barge_in", timeout=5, after=started)
     await caller.wait_for_event("agent_done", timeout=60, after=finished)  # its answer to the interruption
     await _settle(caller)
-    return {"stop_s": round(silent_at - onset, 4), "server_stop_s": barge["stop_s"], "heard": done["text"]}
+    return {
+        "stop_s": round(silent_at - onset, 4),
+        "detect_s": round(barge["heard_at"] - onset, 4),  # caller onset -> the server has the deciding audio
+        "server_stop_s": barge["stop_s"],  # -> outbound paused
+        "deliver_s": round(silent_at - barge["paused_at"], 4),  # -> silence reaches the caller
+        "heard": done["text"],
+    }
 
 
 async def blip_trial(caller: Caller, prompt: str, delay_s: float, noise: np.ndarray) -> dict[str, Any] | None:
@@ -95,11 +103,34 @@ async def blip_trial(caller: Caller, prompt: str, delay_s: float, noise: np.ndar
     return {"cut": bool(done["interrupted"]), "pause_s": round(caller.longest_silence(blip_start, 2.0), 3)}
 
 
+PAUSED_QUESTIONS = (
+    ("what is the weather like", "in paris today"),
+    ("can you recommend a good book", "about the sea"),
+    ("how far is it from london", "to madrid by train"),
+)
+
+
+async def pause_trial(caller: Caller, first: np.ndarray, rest: np.ndarray, pause_ms: int) -> dict[str, Any]:
+    """A question with a pause in the middle: it must get one reply, to the whole question."""
+    _, asked = await caller.say(join(first, silence_ms(pause_ms), rest, silence_ms(200)))
+    done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
+    await _settle(caller)
+    replies = [e for t, e in caller.events if t >= asked and e["type"] == "agent_done"]
+    said = [e for t, e in caller.events if t >= asked and e["type"] == "user_transcript"]
+    return {
+        "replies": len(replies),
+        "turns": len({e["turn_id"] for e in said}),
+        "revision": max((e["revision"] for e in said if e["turn_id"] == done["turn_id"]), default=0),
+        "heard_as": said[-1]["text"] if said else "",
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     clip = espeak(INTERRUPTION)
     stops: list[dict[str, Any]] = []
     blips: list[dict[str, Any]] = []
+    pauses: list[dict[str, Any]] = []
     with service_for(args) as (url, _service):
         async with Caller(url) as caller:
             await caller.wait_for_event("agent_done", timeout=30, turn_id="greeting")
@@ -116,11 +147,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 trial = await blip_trial(caller, rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0), noise)
                 if trial is not None:
                     blips.append(trial)
+            for i in range(args.pauses):
+                first, rest = PAUSED_QUESTIONS[i % len(PAUSED_QUESTIONS)]
+                pauses.append(
+                    await pause_trial(caller, trim(espeak(first)), trim(espeak(rest)), args.pause_ms)
+                )
     cut = sum(1 for b in blips if b["cut"])
+    one_reply = sum(1 for p in pauses if p["replies"] == 1 and p["turns"] == 1)
     summary = {
         "stop_s (onset -> silent, caller)": percentiles([s["stop_s"] for s in stops]),
-        "server stop_s (audio in -> paused)": percentiles([s["server_stop_s"] for s in stops]),
+        "  detect_s (onset -> deciding audio in)": percentiles([s["detect_s"] for s in stops]),
+        "  server stop_s (audio in -> paused)": percentiles([s["server_stop_s"] for s in stops]),
+        "  deliver_s (paused -> silent at caller)": percentiles([s["deliver_s"] for s in stops]),
         "blips that cut a reply": f"{cut}/{len(blips)}",
         "blip pause_s": percentiles([b["pause_s"] for b in blips]),
+        f"{args.pause_ms} ms pauses giving one reply": f"{one_reply}/{len(pauses)}",
+        "of which reopened": sum(1 for p in pauses if p["revision"] >= 1),
     }
-    return {"summary": summary, "barge_ins": stops, "blips": blips, "ok": cut == 0}
+    return {
+        "summary": summary,
+        "barge_ins": stops,
+        "blips": blips,
+        "pauses": pauses,
+        "ok": cut == 0 and one_reply == len(pauses),
+    }

@@ -1,0 +1,81 @@
+"""Talking over the agent, coughing at it, and pausing mid-sentence: with real models, over WebRTC."""
+
+from __future__ import annotations
+
+import asyncio
+
+from parley.bench.caller import Caller
+from parley.bench.interruption import speech_onset_s
+from parley.bench.service import Service, metric_value
+from parley.bench.speech import cough, espeak, join, silence_ms, trim
+
+
+async def greeted(service: Service) -> Caller:
+    caller = Caller(service.base_url)
+    await caller.connect()
+    await caller.wait_for_event("agent_done", timeout=30, turn_id="greeting")
+    return caller
+
+
+async def test_caller_interrupts_reply_and_agent_stops(service: Service) -> None:
+    barge_ins = metric_value(service.metrics_text(), "parley_barge_ins_total")
+    caller = await greeted(service)
+    try:
+        _, asked = await caller.say(espeak("tell me a story about a brave little dragon"))
+        reply_heard = await caller.wait_for_audio(after=asked, timeout=30)
+        await asyncio.sleep(0.6)
+        interruption = espeak("sorry to stop you, can you tell me the time in london instead")
+        playback = caller.mic.play(interruption)
+        onset = await playback.started + speech_onset_s(interruption)
+        silent_at = await caller.wait_for_silence(after=onset, hold_s=0.5, timeout=10)
+        assert silent_at - onset < 1.0, "the agent kept talking over the caller"
+        cut = await caller.wait_for_event("agent_done", timeout=20, after=reply_heard, interrupted=True)
+        finished = await playback.finished
+        said = await caller.wait_for_event("user_transcript", timeout=20, after=finished)
+        assert "london" in said["text"].lower()
+        answer = await caller.wait_for_event(
+            "agent_done", timeout=60, after=finished, turn_id=said["turn_id"]
+        )
+        assert answer["interrupted"] is False and answer["text"]
+        turns = {t["turn_id"]: t for t in service.get_json(f"/api/calls/{caller.call_id}")["transcript"]}
+        assert turns[cut["turn_id"]]["agent_state"] == "interrupted"
+        assert turns[cut["turn_id"]]["agent"] == cut["text"]
+        assert turns[said["turn_id"]]["agent_state"] == "committed"
+    finally:
+        await caller.hangup()
+    assert metric_value(service.metrics_text(), "parley_barge_ins_total") > barge_ins
+
+
+async def test_a_cough_during_a_reply_does_not_cut_it(service: Service) -> None:
+    caller = await greeted(service)
+    try:
+        _, asked = await caller.say(espeak("tell me a story about a ship lost at sea"))
+        said = await caller.wait_for_event("user_transcript", timeout=20, after=asked)
+        await caller.wait_for_audio(after=asked, timeout=30)
+        await asyncio.sleep(0.5)
+        await caller.say(cough(130))
+        done = await caller.wait_for_event("agent_done", timeout=60, turn_id=said["turn_id"])
+        assert done["interrupted"] is False
+        assert not any(e["type"] == "barge_in" for _, e in caller.events)
+    finally:
+        await caller.hangup()
+
+
+async def test_a_pause_mid_sentence_gives_one_reply(service: Service) -> None:
+    revisions = metric_value(service.metrics_text(), "parley_turn_revisions_total")
+    caller = await greeted(service)
+    try:
+        # Longer than the 300 ms end-of-turn silence, well inside the 600 ms reopen grace.
+        first, rest = trim(espeak("what is the weather like")), trim(espeak("in paris today"))
+        question = join(first, silence_ms(550), rest, silence_ms(300))
+        _, asked = await caller.say(question)
+        done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
+        await asyncio.sleep(1.5)
+        replies = [e for t, e in caller.events if t >= asked and e["type"] == "agent_done"]
+        assert len(replies) == 1
+        said = [e for t, e in caller.events if t >= asked and e["type"] == "user_transcript"]
+        assert said[-1]["turn_id"] == done["turn_id"] and said[-1]["revision"] >= 1
+        assert "paris" in said[-1]["text"].lower() and "weather" in said[-1]["text"].lower()
+    finally:
+        await caller.hangup()
+    assert metric_value(service.metrics_text(), "parley_turn_revisions_total") > revisions
