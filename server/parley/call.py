@@ -24,7 +24,16 @@ from parley.log import event
 from parley.outbound import Outbound
 from parley.pipeline.cancel import CancelScope
 from parley.pipeline.history import Conversation
-from parley.pipeline.messages import EndOfCall, InboundFrame, ReplyText, Response, Tag, Transcript, Utterance
+from parley.pipeline.messages import (
+    EarlyUtterance,
+    EndOfCall,
+    InboundFrame,
+    ReplyText,
+    Response,
+    Tag,
+    Transcript,
+    Utterance,
+)
 from parley.pipeline.queues import StageQueue
 from parley.pipeline.stages import LlmStage, SttStage, TtsStage, VadStage
 from parley.pipeline.turns import SpeculativeTurnTracker
@@ -70,7 +79,7 @@ class Call:
         self._backchannels = {normalise_words(b) for b in settings.backchannels}
 
         self.vad_in: StageQueue[InboundFrame] = StageQueue("vad", maxsize=INBOUND_QUEUE_FRAMES)
-        self.stt_in: StageQueue[Utterance] = StageQueue("stt")
+        self.stt_in: StageQueue[Utterance | EarlyUtterance] = StageQueue("stt")
         self.llm_in: StageQueue[Transcript] = StageQueue("llm")
         self.tts_in: StageQueue[ReplyText] = StageQueue("tts")
         chunk_ms = 1000 * engines.vad.chunk_samples / engines.vad.sample_rate
@@ -229,6 +238,9 @@ class Call:
         self.stt_in.put(Utterance(response, audio))
         self._set_state("thinking")
 
+    def speech_paused(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
+        self.stt_in.put(EarlyUtterance(turn_id, revision, audio, speech_end))
+
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None:
         self.scope.cancel()
         self.outbound.flush()
@@ -267,6 +279,7 @@ class Call:
                     "stt_s": _round(response.stt_s),
                     "llm_first_token_s": _round(response.llm_first_token_s),
                     "tts_first_audio_s": _round(response.tts_first_audio_s),
+                    "timeline": response.timeline(),
                 }
             )
             event(log, "reply_started", call_id=self.call_id, turn_id=key, response_s=_round(latency))

@@ -115,7 +115,13 @@ class Settings:
     greeting: str = field(
         default=DEFAULT_GREETING, metadata=_opt("said at call start ('' for none)", "agent")
     )
-    history_turns: int = field(default=6, metadata=_opt("past turns sent to the LLM", "agent"))
+    history_turns: int = field(default=3, metadata=_opt("past turns sent to the LLM", "agent"))
+    yield_to_tts_ms: int = field(
+        default=400,
+        metadata=_opt(
+            "the LLM pauses up to this long for the first audio of a reply (CPU: they share cores)", "agent"
+        ),
+    )
     max_reply_sentences: int = field(
         default=3,
         metadata=_opt("a reply stops after this many sentences (spoken replies stay short)", "agent"),
@@ -129,6 +135,12 @@ class Settings:
     )
     end_of_turn_ms: int = field(
         default=300, metadata=_opt("silence that ends a turn (speculatively)", "turns")
+    )
+    early_stt_ms: int = field(
+        default=120,
+        metadata=_opt(
+            "silence after which the turn so far is transcribed ahead of its end (0: off)", "turns"
+        ),
     )
     reopen_grace_ms: int = field(
         default=600, metadata=_opt("after a turn ends, speech within this reopens it", "turns")

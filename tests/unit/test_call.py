@@ -125,3 +125,20 @@ def test_ending_the_call_stops_every_thread() -> None:
     assert call.threads_alive() == 0
     assert threading.active_count() <= before
     assert call.details()["state"] == "ended"
+
+
+def test_a_turn_is_transcribed_ahead_at_its_last_pause_and_not_again() -> None:
+    stt = ScriptedStt()
+    settings = Settings(greeting="", early_stt_ms=64, end_of_turn_ms=300)
+    call = Call("c-early", "test", settings, make_engines(stt=stt), outbound_rate=RATE)
+    line = Line(call)
+    call.start()
+    line.start()
+    try:
+        line.say(np.concatenate([loud(800), quiet(600)]))
+        line.wait(lambda: line.event("user_transcript") is not None)
+        assert len(stt.calls) == 1  # the early transcription served the end of the turn
+    finally:
+        line.stop()
+        call.end("test_over")
+        assert call.join(5.0)

@@ -47,6 +47,9 @@ class Control:
     def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
         self.ended.append((turn_id, revision, audio.size))
 
+    def speech_paused(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
+        self.log.append("paused")
+
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None:
         self.log.append(f"reopen {turn_id} {base}->{candidate}")
 
@@ -154,3 +157,17 @@ def test_a_short_word_that_is_not_a_backchannel_interrupts(setup) -> None:  # ty
     assert control.log[:3] == ["pause", "check", "interrupt"]
     feed(taker, 0.0, 200)
     assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]
+
+
+def test_a_short_pause_transcribes_the_turn_ahead_once() -> None:
+    control = Control()
+    taker = TurnTaker(
+        Settings(early_stt_ms=120, end_of_turn_ms=300), SpeculativeTurnTracker(), control, CHUNK_MS
+    )
+    feed(taker, 0.9, 600)
+    feed(taker, 0.0, 160)
+    assert control.log == ["speaking", "paused"]
+    feed(taker, 0.0, 64)
+    assert control.log.count("paused") == 1
+    feed(taker, 0.0, 200)
+    assert len(control.ended) == 1

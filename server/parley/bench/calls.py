@@ -15,7 +15,7 @@ from parley.bench import percentiles
 from parley.bench.caller import Caller
 from parley.bench.common import QUESTIONS, service_for
 from parley.bench.cpu import cpu_seconds, rss_mb
-from parley.bench.speech import espeak
+from parley.bench.speech import espeak, trim
 
 NAME = "calls"
 HELP = "N simultaneous callers: right replies, latency, CPU per call"
@@ -36,7 +36,7 @@ async def _one_caller(url: str, index: int, rounds: int, together: asyncio.Barri
         await caller.wait_for_event("agent_done", timeout=60, turn_id="greeting")
         for round_no in range(rounds):
             question = QUESTIONS[(index + round_no * 3) % len(QUESTIONS)]
-            clip = espeak(question)
+            clip = trim(espeak(question))
             await asyncio.wait_for(together.wait(), 90)  # every caller speaks at the same moment
             _, spoken_end = await caller.say(clip)
             heard_at = await caller.wait_for_audio(after=spoken_end, timeout=30)

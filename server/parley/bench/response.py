@@ -16,7 +16,7 @@ from parley.bench import percentiles
 from parley.bench.caller import Caller
 from parley.bench.common import QUESTIONS, service_for
 from parley.bench.cpu import cpu_seconds, rss_mb
-from parley.bench.speech import espeak
+from parley.bench.speech import espeak, trim
 
 NAME = "response"
 HELP = "end of the caller's speech -> first reply audio at the caller"
@@ -32,7 +32,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def measure(url: str, trials: int, server_pid: int | None = None) -> dict[str, Any]:
-    clips = [espeak(QUESTIONS[i % len(QUESTIONS)]) for i in range(trials)]
+    # Trimmed: the clock starts when the speech ends, not after the silence espeak-ng appends.
+    clips = [trim(espeak(QUESTIONS[i % len(QUESTIONS)])) for i in range(trials)]
     rows: list[dict[str, Any]] = []
     idle_rss = rss_mb(server_pid) if server_pid else None
     async with Caller(url) as caller:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +33,8 @@ class Response:
     llm_first_token_s: float | None = None
     tts_first_audio_s: float | None = None
     first_audio_at: float | None = None
+    marks: dict[str, float] = field(default_factory=dict)  # milestone -> monotonic time, first time only
+    audio_ready: threading.Event = field(default_factory=threading.Event)  # its first audio is synthesised
     played_segments: list[str] = field(default_factory=list)
     partial_segment: str = ""  # the segment being played when the reply was cut, with the share heard
     ended: bool = False
@@ -45,6 +48,15 @@ class Response:
         if self.speech_end is None or self.first_audio_at is None:
             return None
         return self.first_audio_at - self.speech_end
+
+    def mark(self, milestone: str) -> None:
+        self.marks.setdefault(milestone, time.monotonic())
+
+    def timeline(self) -> dict[str, float]:
+        """Milestones in seconds after the end of the user's speech: where a reply's latency went."""
+        if self.speech_end is None:
+            return {}
+        return {name: round(at - self.speech_end, 3) for name, at in self.marks.items()}
 
     def heard_text(self) -> str:
         return " ".join(s for s in [*self.played_segments, self.partial_segment] if s).strip()
@@ -62,6 +74,16 @@ class InboundFrame:
 class Utterance:
     response: Response
     audio: np.ndarray  # int16, 16 kHz
+
+
+@dataclass(frozen=True)
+class EarlyUtterance:
+    """A turn's audio so far, at a short pause: transcribed ahead, in case the turn ends there."""
+
+    turn_id: str
+    revision: int
+    audio: np.ndarray
+    speech_end: float  # the same reading the turn's Utterance will carry if no speech follows
 
 
 @dataclass(frozen=True)

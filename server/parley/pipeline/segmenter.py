@@ -13,7 +13,7 @@ _BOUNDARY = re.compile(r"(?P<sentence>[.!?…]+[\"')\]]*\s)|[,;:—–]\s")
 _MARKUP = re.compile(r"[*_`#>|]+|\[(.*?)\]\(.*?\)")
 _SPACES = re.compile(r"\s+")
 
-FIRST_PIECE_MIN_WORDS = 4
+FIRST_PIECE_MIN_WORDS = 3
 LONG_PIECE_WORDS = 28
 
 

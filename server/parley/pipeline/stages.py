@@ -19,7 +19,7 @@ from parley import metrics
 from parley.audio import PIPELINE_RATE, FrameSplitter, resample
 from parley.config import Settings
 from parley.engines.llm import LlmEngine
-from parley.engines.stt import SttEngine
+from parley.engines.stt import SttEngine, Transcription
 from parley.engines.tts import TtsEngine
 from parley.engines.vad import VadEngine
 from parley.log import event
@@ -27,6 +27,7 @@ from parley.outbound import Outbound
 from parley.pipeline.history import Conversation
 from parley.pipeline.messages import (
     AudioChunk,
+    EarlyUtterance,
     EndOfResponse,
     InboundFrame,
     ReplyText,
@@ -110,24 +111,40 @@ class VadStage(Stage[InboundFrame]):
             self.turns.process(chunk, probability, item.arrived_at)
 
 
-class SttStage(Stage[Utterance]):
+class SttStage(Stage[Utterance | EarlyUtterance]):
+    """Transcribes turns. At a short pause it transcribes the turn so far; if the turn then ends with no
+    more speech, that transcript is used and the end of the turn no longer waits for Whisper."""
+
     stage_name = "stt"
     engine_name = "stt"
 
     def __init__(
-        self, ctx: StageContext, inbox: StageQueue[Utterance], stt: SttEngine, outbox: StageQueue[Transcript]
+        self,
+        ctx: StageContext,
+        inbox: StageQueue[Utterance | EarlyUtterance],
+        stt: SttEngine,
+        outbox: StageQueue[Transcript],
     ):
         super().__init__(ctx, inbox)
         self.stt = stt
         self.outbox = outbox
+        self._early: tuple[EarlyUtterance, Transcription] | None = None
 
-    def handle(self, item: Utterance) -> None:
+    def handle(self, item: Utterance | EarlyUtterance) -> None:
+        if isinstance(item, EarlyUtterance):
+            # Only the newest pause matters: an utterance or a later pause queued behind this one wins.
+            if not self.inbox.any(lambda queued: isinstance(queued, Utterance | EarlyUtterance)):
+                self._early = (item, self.stt.transcribe(item.audio))
+            return
         response = item.response
         if self.ctx.is_stale(response.tag):
             return
         if self.ctx.settings.debug_audio_dir:
             self._keep_audio(item)
-        result = self.stt.transcribe(item.audio)
+        response.mark("stt_start")
+        result = self._transcript_ahead(item) or self.stt.transcribe(item.audio)
+        self._early = None
+        response.mark("transcript")
         response.stt_s = result.seconds
         metrics.STAGE_LATENCY.labels(stage="stt").observe(result.seconds)
         if self.ctx.is_stale(response.tag):
@@ -153,8 +170,21 @@ class SttStage(Stage[Utterance]):
         )
         self.outbox.put(Transcript(response, result.text))
 
-    def recover(self, item: Utterance) -> None:
-        self.ctx.reply_abandoned(item.response)
+    def _transcript_ahead(self, item: Utterance) -> Transcription | None:
+        if self._early is None:
+            return None
+        early, result = self._early
+        tag = item.response.tag
+        same_speech = (early.turn_id, early.revision, early.speech_end) == (
+            tag.turn_id,
+            tag.revision,
+            item.response.speech_end,
+        )
+        return result if same_speech else None
+
+    def recover(self, item: Utterance | EarlyUtterance) -> None:
+        if isinstance(item, Utterance):
+            self.ctx.reply_abandoned(item.response)
 
     def _keep_audio(self, item: Utterance) -> None:
         tag = item.response.tag
@@ -185,12 +215,23 @@ class LlmStage(Stage[Transcript]):
         segmenter = ReplySegmenter()
         started = time.monotonic()
         sentences_left = self.ctx.settings.max_reply_sentences
+        yield_s = self.ctx.settings.yield_to_tts_ms / 1000
+
+        def should_stop() -> bool:
+            # Between tokens. Once the first piece is out, the model waits for its audio: on a CPU the
+            # two compete for the same cores, and the caller hears nothing until that audio is ready.
+            if yield_s > 0 and "first_piece" in response.marks:
+                response.audio_ready.wait(yield_s)
+            return self.ctx.is_stale(tag)
+
         try:
-            for delta in self.llm.stream(messages, should_stop=lambda: self.ctx.is_stale(tag)):
+            for delta in self.llm.stream(messages, should_stop=should_stop):
                 if response.llm_first_token_s is None:
+                    response.mark("first_token")
                     response.llm_first_token_s = time.monotonic() - started
                     metrics.STAGE_LATENCY.labels(stage="llm_first_token").observe(response.llm_first_token_s)
                 for piece in segmenter.push(delta):
+                    response.mark("first_piece")
                     self.outbox.put(ReplyText(response, piece))
                     sentences_left -= ends_sentence(piece)
                 if self.ctx.is_stale(tag) or sentences_left <= 0:
@@ -220,12 +261,21 @@ class TtsStage(Stage[ReplyText]):
             self.outbound.push(EndOfResponse(response))
 
     def _speak(self, response: Response, text: str) -> None:
+        response.mark("tts_start")
+        try:
+            self._synthesise(response, text)
+        finally:
+            response.audio_ready.set()  # even when nothing came out: the LLM must not wait for it
+
+    def _synthesise(self, response: Response, text: str) -> None:
         started = time.monotonic()
         first = True
         for pcm in self.tts.synthesize(text):
             if self.ctx.is_stale(response.tag):
                 return
             if response.tts_first_audio_s is None:
+                response.mark("first_audio_ready")
+                response.audio_ready.set()
                 response.tts_first_audio_s = time.monotonic() - started
                 metrics.STAGE_LATENCY.labels(stage="tts_first_audio").observe(response.tts_first_audio_s)
             audio = resample(pcm, self.tts.sample_rate, self.outbound.rate)

@@ -39,6 +39,7 @@ class TurnControl(Protocol):
     def interrupt_agent(self, onset_arrived_at: float) -> None: ...
     def open_turn(self) -> str: ...
     def user_started_speaking(self) -> None: ...
+    def speech_paused(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None: ...
     def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None: ...
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None: ...
     def is_backchannel(self, audio: np.ndarray) -> bool: ...
@@ -92,6 +93,7 @@ class TurnTaker:
         self._turn_audio: list[np.ndarray] = []
         self._closed: _ClosedTurn | None = None
         self._candidate: int | None = None
+        self._early_sent_for = 0.0
 
     def process(self, chunk: np.ndarray, probability: float, arrived_at: float) -> None:
         """Take one VAD chunk and its speech probability; `arrived_at` is when its last frame arrived."""
@@ -171,6 +173,16 @@ class TurnTaker:
         seg.audio = []
         if seg.silence_ms >= self.settings.end_of_turn_ms or seg.total_ms >= self.settings.max_turn_s * 1000:
             self._close_turn(seg.last_speech_at)
+        elif (
+            0 < self.settings.early_stt_ms <= seg.silence_ms
+            and self._early_sent_for != seg.last_speech_at
+            and self._turn is not None
+        ):
+            self._early_sent_for = seg.last_speech_at
+            turn_id, revision = self._turn
+            self.control.speech_paused(
+                turn_id, revision, np.concatenate(self._turn_audio), seg.last_speech_at
+            )
 
     def _decide_reopen(self) -> None:
         seg = self._segment
