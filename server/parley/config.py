@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "PARLEY_"
+ENV_ALIASES = {"cache_dir": "PARLEY_CACHE"}  # the name DESIGN.md gives the cache folder's variable
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Parley, a helpful voice assistant talking to a caller on the phone. "
@@ -243,9 +244,9 @@ def load_settings(
                 raise SettingsError(f"config file {config_path}: unknown setting {key!r}")
             given[key] = value
     for name in known:
-        env_value = environ.get(ENV_PREFIX + name.upper())
-        if env_value is not None:
-            given[name] = env_value
+        for variable in (ENV_ALIASES.get(name), ENV_PREFIX + name.upper()):
+            if variable and environ.get(variable) is not None:
+                given[name] = environ[variable]
     if args is not None:
         for name in known:
             value = getattr(args, name, None)

@@ -1,0 +1,83 @@
+"""Small pieces of the data path: audio conversion, queues, reply segmentation, the conversation."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parley.audio import FrameSplitter, StreamResampler, downmix, resample, rms_dbfs
+from parley.pipeline.history import Conversation
+from parley.pipeline.queues import QueueClosed, StageQueue
+from parley.pipeline.segmenter import ReplySegmenter, clean_for_speech
+
+
+def test_stereo_48k_frames_become_16k_mono_without_losing_time() -> None:
+    tone = (np.sin(2 * np.pi * 300 * np.arange(48000) / 48000) * 10000).astype(np.int16)
+    stereo = np.repeat(tone, 2)
+    resampler = StreamResampler(48000, 16000)
+    out = np.concatenate(
+        [resampler.process(downmix(stereo[i : i + 1920], 2)) for i in range(0, stereo.size, 1920)]
+    )
+    assert abs(out.size - 16000) <= 200  # the stream holds back a few ms of filter delay
+    assert abs(rms_dbfs(out[2000:]) - rms_dbfs(tone)) < 1.0
+
+
+def test_resample_whole_chunks_and_split_into_frames() -> None:
+    pcm = np.ones(22050, dtype=np.int16)
+    assert resample(pcm, 22050, 48000).size == 48000
+    splitter = FrameSplitter(320)
+    frames = splitter.push(np.zeros(500, dtype=np.int16)) + splitter.push(np.zeros(500, dtype=np.int16))
+    assert [f.size for f in frames] == [320, 320, 320]
+
+
+def test_a_full_inbound_queue_drops_the_oldest_and_close_wakes_the_reader() -> None:
+    q: StageQueue[int] = StageQueue("vad", maxsize=2)
+    for i in range(3):
+        q.put(i)
+    assert q.get(0) == 1 and q.get(0) == 2 and q.get(0.01) is None
+    q.put(5)
+    q.close()
+    assert q.put(6) is False
+    try:
+        q.get(0)
+        raise AssertionError("a closed queue must raise")
+    except QueueClosed:
+        pass
+
+
+def test_flush_keeps_control_items_in_front_in_order() -> None:
+    q: StageQueue[str] = StageQueue("tts")
+    for item in ("audio1", "END1", "audio2", "END2"):
+        q.put(item)
+    assert q.flush(keep=lambda item: item.startswith("END")) == 2
+    q.put("audio3")
+    assert [q.get(0) for _ in range(3)] == ["END1", "END2", "audio3"]
+
+
+def test_first_piece_is_an_early_clause_then_whole_sentences() -> None:
+    segmenter = ReplySegmenter()
+    pieces: list[str] = []
+    reply = "Sure, the weather in **Paris** is mild today. Take a jacket! Bye"
+    for word in reply.split(" "):
+        pieces += segmenter.push(word + " ")
+    pieces += segmenter.flush()
+    assert pieces == ["Sure, the weather in Paris is mild today.", "Take a jacket!", "Bye"]
+    assert clean_for_speech("# Title with `code` and [a link](http://x)") == "Title with code and a link"
+
+
+def test_prompt_holds_earlier_turns_as_heard_and_a_newer_revision_replaces_the_text() -> None:
+    conversation = Conversation("Be brief.")
+    conversation.commit_agent("greeting", "Hello!", interrupted=False)
+    conversation.set_user_text("t1", 0, "tell me a story")
+    conversation.commit_agent("t1", "Once upon", interrupted=True)
+    conversation.set_user_text("t2", 0, "what time")
+    conversation.set_user_text("t2", 1, "what time is it in london")
+    conversation.set_user_text("t2", 0, "stale")
+    assert conversation.messages_for("t2") == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "tell me a story"},
+        {"role": "assistant", "content": "Once upon"},
+        {"role": "user", "content": "what time is it in london"},
+    ]
+    states = {t["turn_id"]: t["agent_state"] for t in conversation.snapshot()}
+    assert states == {"greeting": "committed", "t1": "interrupted", "t2": "pending"}
