@@ -54,7 +54,6 @@ class Settings:
     # service
     host: str = field(default="127.0.0.1", metadata=_opt("address the HTTP server binds to"))
     port: int = field(default=8080, metadata=_opt("HTTP port"))
-    sip: str = field(default="off", metadata=_opt("SIP listen address host:port, or 'off'"))
     token: str = field(
         default="", metadata=_opt("bearer token required on /offer, /whip and /api (empty: none)")
     )
