@@ -8,23 +8,9 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
+from parley.bench.browser import CHROMIUM, chromium_flags
 from parley.bench.service import Service
 from parley.bench.speech import espeak, join, silence_ms, write_wav
-
-FLAGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-    "--allow-loopback-in-peer-connection",
-]
 
 
 def main(out: str = "docs/page.png") -> None:
@@ -33,9 +19,7 @@ def main(out: str = "docs/page.png") -> None:
         write_wav(
             wav, join(silence_ms(2500), espeak("can you recommend a good book to read"), silence_ms(30000))
         )
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium", args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}"]
-        )
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=chromium_flags(wav))
         page = browser.new_page(viewport={"width": 1100, "height": 900}, device_scale_factor=1)
         page.goto(f"{service.base_url}/?raw=1")
         page.click("#call-button")

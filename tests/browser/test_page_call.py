@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from parley.bench.browser import CHROMIUM, chromium_flags
 from parley.bench.service import Service
 from parley.bench.speech import espeak, join, silence_ms, write_wav
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def chromium_flags(wav: Path) -> list[str]:
-    """Field notes' flags; Playwright adds its own fresh profile folder."""
-    return [
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={wav}",
-        "--autoplay-policy=no-user-gesture-required",
-        "--allow-loopback-in-peer-connection",
-    ]
 
 
 @pytest.fixture

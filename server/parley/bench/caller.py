@@ -23,7 +23,7 @@ from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from parley.audio import PIPELINE_RATE, resample, rms_dbfs
-from parley.transports.webrtc import WEBRTC_RATE, configure_ice, pcm_from_frame, set_jitter_prefetch
+from parley.transports.webrtc import WEBRTC_RATE, audio_frames, configure_ice, set_jitter_prefetch
 
 FRAME_SAMPLES = WEBRTC_RATE // 50
 # aiortc's receiver holds 4 frames (80 ms) before playing; a browser's adaptive jitter buffer on a
@@ -186,14 +186,7 @@ class Caller:
             self._reader = asyncio.ensure_future(self._read(track))
 
     async def _read(self, track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            if not isinstance(frame, AudioFrame):
-                continue
-            pcm = pcm_from_frame(frame)
+        async for _, pcm in audio_frames(track):
             self.heard.times.append(time.monotonic())
             self.heard.levels.append(rms_dbfs(pcm))
             self.heard.pcm.append(pcm)

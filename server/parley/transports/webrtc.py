@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import aioice.ice
@@ -202,16 +202,9 @@ class WebRtcPeer:
 
     async def _pump_inbound(self, track: MediaStreamTrack) -> None:
         resampler: StreamResampler | None = None
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                break
-            if not isinstance(frame, AudioFrame):
-                continue
-            mono = pcm_from_frame(frame)
-            if resampler is None or resampler.rate_in != frame.sample_rate:
-                resampler = StreamResampler(frame.sample_rate, PIPELINE_RATE)
+        async for rate, mono in audio_frames(track):
+            if resampler is None or resampler.rate_in != rate:
+                resampler = StreamResampler(rate, PIPELINE_RATE)
             pcm = resampler.process(mono)
             if pcm.size:
                 self.call.push_audio(pcm)
@@ -272,6 +265,12 @@ class WebRtcPeer:
             self._on_gone("ice_timeout")
 
 
-def pcm_from_frame(frame: AudioFrame) -> np.ndarray:
-    """Mono int16 at the frame's own rate (used by clients of this transport, e.g. the bench caller)."""
-    return downmix(frame.to_ndarray().reshape(-1), len(frame.layout.channels))
+async def audio_frames(track: MediaStreamTrack) -> AsyncIterator[tuple[int, np.ndarray]]:
+    """A received track's audio as (sample rate, mono int16) per frame, until the track ends."""
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        if isinstance(frame, AudioFrame):
+            yield frame.sample_rate, downmix(frame.to_ndarray().reshape(-1), len(frame.layout.channels))
