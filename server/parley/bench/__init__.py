@@ -47,6 +47,11 @@ def _runner(name: str, bench: Bench) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def progress(message: str) -> None:
+    """One line per trial on stderr, so a long benchmark shows it is alive."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"n": 0, "p50": None, "p95": None, "p99": None, "min": None, "max": None}

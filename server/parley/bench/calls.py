@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Any
 
-from parley.bench import percentiles
+from parley.bench import percentiles, progress
 from parley.bench.caller import Caller
 from parley.bench.common import QUESTIONS, service_for
 from parley.bench.cpu import cpu_seconds, rss_mb
@@ -53,6 +53,7 @@ async def _one_caller(url: str, index: int, rounds: int, together: asyncio.Barri
                     "response_s": round(heard_at - spoken_end, 4),
                 }
             )
+            progress(f"caller {index} round {round_no + 1}: reply after {heard_at - spoken_end:.3f} s")
             await caller.wait_for_silence(after=heard_at, hold_s=1.0, timeout=60)
         return {"caller": index, "call_id": caller.call_id, "rounds": results}
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from parley.bench import percentiles
+from parley.bench import percentiles, progress
 from parley.bench.caller import Caller
 from parley.bench.common import service_for
 from parley.bench.speech import cough, espeak, join, silence_ms, trim
@@ -140,6 +140,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 trial = await barge_in_trial(caller, rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0), clip)
                 if trial is not None:
                     stops.append(trial)
+                    progress(f"barge-in {len(stops)}/{args.trials}: silent after {trial['stop_s']:.3f} s")
             attempts = 0
             while len(blips) < args.blips and attempts < args.blips * 3:
                 attempts += 1
@@ -147,10 +148,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 trial = await blip_trial(caller, rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0), noise)
                 if trial is not None:
                     blips.append(trial)
+                    progress(
+                        f"blip {len(blips)}/{args.blips}: cut={trial['cut']} pause {trial['pause_s']:.2f} s"
+                    )
             for i in range(args.pauses):
                 first, rest = PAUSED_QUESTIONS[i % len(PAUSED_QUESTIONS)]
-                pauses.append(
-                    await pause_trial(caller, trim(espeak(first)), trim(espeak(rest)), args.pause_ms)
+                trial = await pause_trial(caller, trim(espeak(first)), trim(espeak(rest)), args.pause_ms)
+                pauses.append(trial)
+                progress(
+                    f"pause {i + 1}/{args.pauses}: {trial['replies']} reply, heard {trial['heard_as']!r}"
                 )
     cut = sum(1 for b in blips if b["cut"])
     one_reply = sum(1 for p in pauses if p["replies"] == 1 and p["turns"] == 1)

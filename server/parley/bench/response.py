@@ -12,7 +12,7 @@ import asyncio
 import time
 from typing import Any
 
-from parley.bench import percentiles
+from parley.bench import percentiles, progress
 from parley.bench.caller import Caller
 from parley.bench.common import QUESTIONS, service_for
 from parley.bench.cpu import cpu_seconds, rss_mb
@@ -45,6 +45,7 @@ async def measure(url: str, trials: int, server_pid: int | None = None) -> dict[
             heard_at = await caller.wait_for_audio(after=spoken_end, timeout=20)
             done_at = await caller.wait_for_silence(after=heard_at, hold_s=1.2, timeout=60)
             server = await caller.wait_for_event("latency", timeout=5, after=spoken_end)
+            progress(f"question {i + 1}/{len(clips)}: reply audio after {heard_at - spoken_end:.3f} s")
             rows.append(
                 {
                     "question": QUESTIONS[i % len(QUESTIONS)],
