@@ -97,12 +97,13 @@ async def _start_webrtc_call(request: web.Request, offer_sdp: str) -> tuple[Call
     peer = WebRtcPeer(
         call, parse_ice_servers(settings.ice_servers), lambda why: registry.end_soon(call_id, why)
     )
-    try:
-        answer = await peer.answer(offer_sdp)
-    except SignalingError as exc:
-        await peer.close()
-        raise ApiError(400, str(exc)) from exc
-    registry.add(call, peer.close)
+    with registry.admitting():
+        try:
+            answer = await peer.answer(offer_sdp)
+        except SignalingError as exc:
+            await peer.close()
+            raise ApiError(400, str(exc)) from exc
+        registry.add(call, peer.close)
     call.start()
     return call, answer
 

@@ -123,7 +123,7 @@ class Settings:
         ),
     )
     max_reply_sentences: int = field(
-        default=3,
+        default=2,
         metadata=_opt("a reply stops after this many sentences (spoken replies stay short)", "agent"),
     )
     # turn-taking and barge-in

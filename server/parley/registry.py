@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from parley.call import Call
@@ -31,13 +32,24 @@ class CallRegistry:
         self._ended: OrderedDict[str, Call] = OrderedDict()
         self._ending: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[bool]] = set()
+        self._admitting = 0
 
     @staticmethod
     def new_call_id() -> str:
         return "c-" + secrets.token_hex(6)
 
     def at_capacity(self) -> bool:
-        return len(self._active) >= self.max_calls
+        return len(self._active) + self._admitting >= self.max_calls
+
+    @contextlib.contextmanager
+    def admitting(self) -> Iterator[None]:
+        """Hold a line while a call is being set up (signaling awaits), so that concurrent offers
+        cannot all pass the capacity check."""
+        self._admitting += 1
+        try:
+            yield
+        finally:
+            self._admitting -= 1
 
     def add(self, call: Call, close_transport: Closer) -> None:
         self._active[call.call_id] = _Entry(call, close_transport)

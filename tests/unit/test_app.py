@@ -60,6 +60,12 @@ async def test_the_page_and_its_assets_are_served(client) -> None:  # type: igno
         (b'{"sdp": "v=0", "type": "answer"}', "application/json", 400, "offer"),
         (b'{"sdp": "hello", "type": "offer"}', "application/json", 400, "v=0"),
         (json.dumps({"sdp": AUDIO_OFFER, "type": "offer"}).encode(), "application/json", 400, "no audio"),
+        (
+            json.dumps({"sdp": "v=0\r\nm=audio\r\n", "type": "offer"}).encode(),
+            "application/json",
+            400,
+            "offer",
+        ),
         (b"x" * 10000, "application/json", 413, "too large"),
     ],
 )

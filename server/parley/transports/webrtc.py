@@ -169,8 +169,8 @@ class WebRtcPeer:
         validate_offer_sdp(offer_sdp)
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        except (ValueError, KeyError, IndexError) as exc:
-            raise SignalingError(f"the offer could not be used: {exc}") from exc
+        except Exception as exc:  # aiortc's SDP parser also asserts on malformed lines
+            raise SignalingError(f"the offer could not be used: {str(exc) or 'malformed SDP'}") from exc
         set_jitter_prefetch(self.pc, INBOUND_JITTER_FRAMES)
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
