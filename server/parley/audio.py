@@ -104,6 +104,24 @@ class FrameSplitter:
         return frames
 
 
+def trim_silence(
+    pcm: np.ndarray, rate: int, *, floor_dbfs: float = -50.0, leading: bool = True, trailing: bool = True
+) -> np.ndarray:
+    """Cut the quiet (below `floor_dbfs`, judged per 10 ms) from the start and/or the end of a clip."""
+    window = max(1, rate // 100)
+    count = pcm.size // window
+    if count == 0:
+        return pcm
+    frames = pcm[: count * window].astype(np.float64).reshape(count, window)
+    power = np.maximum(1e-12, (frames**2).mean(axis=1)) / 32768.0**2
+    loud = np.flatnonzero(10 * np.log10(power) > floor_dbfs)
+    if loud.size == 0:
+        return pcm[:0]
+    start = loud[0] * window if leading else 0
+    end = (loud[-1] + 1) * window if trailing else pcm.size
+    return pcm[start:end]
+
+
 def silence(samples: int) -> np.ndarray:
     return np.zeros(samples, dtype=np.int16)
 

@@ -134,16 +134,16 @@ class Settings:
         default=200, metadata=_opt("speech needed for a turn, a reopen or a barge-in to count", "turns")
     )
     end_of_turn_ms: int = field(
-        default=300, metadata=_opt("silence that ends a turn (speculatively)", "turns")
+        default=250, metadata=_opt("silence that ends a turn (speculatively)", "turns")
     )
     early_stt_ms: int = field(
-        default=120,
+        default=32,
         metadata=_opt(
             "silence after which the turn so far is transcribed ahead of its end (0: off)", "turns"
         ),
     )
     reopen_grace_ms: int = field(
-        default=600, metadata=_opt("after a turn ends, speech within this reopens it", "turns")
+        default=500, metadata=_opt("after a turn ends, speech within this reopens it", "turns")
     )
     blip_silence_ms: int = field(
         default=160, metadata=_opt("silence that ends a candidate interruption (a blip)", "turns")

@@ -49,8 +49,8 @@ async def test_caller_interrupts_reply_and_agent_stops(service: Service) -> None
 async def test_a_cough_during_a_reply_does_not_cut_it(service: Service) -> None:
     caller = await greeted(service)
     try:
-        _, asked = await caller.say(espeak("tell me a story about a ship lost at sea"))
-        said = await caller.wait_for_event("user_transcript", timeout=20, after=asked)
+        started, asked = await caller.say(espeak("tell me a story about a ship lost at sea"))
+        said = await caller.wait_for_event("user_transcript", timeout=20, after=started)
         await caller.wait_for_audio(after=asked, timeout=30)
         await asyncio.sleep(0.5)
         await caller.say(cough(130))

@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 
 from parley.bench.caller import Caller
+from parley.bench.calls import word_overlap
 from parley.bench.service import Service, metric_value
 from parley.bench.speech import espeak
 from parley.engines.stt import SttEngine
@@ -33,16 +34,17 @@ async def test_caller_asks_about_the_weather_and_hears_a_spoken_reply(
     async with Caller(service.base_url) as caller:
         greeting = await caller.wait_for_event("agent_done", timeout=30, turn_id="greeting")
         assert greeting["text"]
-        _, spoken_end = await caller.say(espeak(QUESTION))
+        asked, spoken_end = await caller.say(espeak(QUESTION))
         heard_at = await caller.wait_for_audio(after=spoken_end, timeout=20)
-        done = await caller.wait_for_event("agent_done", timeout=60, after=spoken_end)
+        done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
         silent_at = await caller.wait_for_silence(after=heard_at, hold_s=0.6)
         heard = whisper.transcribe(caller.audio_between(heard_at - 0.2, silent_at + 0.2)).text
         assert len(heard.split()) >= 3, f"the reply should be speech, Whisper heard {heard!r}"
         call = service.get_json(f"/api/calls/{caller.call_id}")
         assert call["transport"] == "webrtc" and call["state"] != "ended"
         turn = next(t for t in call["transcript"] if t["turn_id"] != "greeting")
-        assert "weather" in turn["user"].lower() and "paris" in turn["user"].lower()
+        # Whisper base hears this espeak voice's "weather" as "winner" now and then: ask for most words.
+        assert word_overlap(turn["user"], QUESTION) >= 0.7, turn["user"]
         assert turn["agent_state"] == "committed" and turn["agent"] == done["text"]
         assert len(turn["agent"].split()) >= 3
         assert any(e["type"] == "latency" and e["response_s"] for _, e in caller.events)
@@ -75,8 +77,8 @@ async def test_bad_signaling_is_refused_while_another_call_goes_on(service: Serv
         ]
         assert [status for status, _ in refused] == [400, 400, 400, 400, 413]
         assert all(isinstance(body.get("error"), str) for _, body in refused)
-        _, spoken_end = await caller.say(espeak("how do i make a cup of tea"))
+        asked, spoken_end = await caller.say(espeak("how do i make a cup of tea"))
         await caller.wait_for_audio(after=spoken_end, timeout=20)
-        said = await caller.wait_for_event("user_transcript", timeout=10, after=spoken_end)
+        said = await caller.wait_for_event("user_transcript", timeout=10, after=asked)
         assert "tea" in said["text"].lower()
     assert service.get_json("/healthz")["status"] == "ok"

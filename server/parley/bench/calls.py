@@ -30,6 +30,11 @@ def words(text: str) -> set[str]:
     return {w.strip(".,?!'\"").lower() for w in text.split() if w.strip(".,?!'\"")}
 
 
+def word_overlap(heard: str, said: str) -> float:
+    """The share of the words said that were heard (a transcript check that tolerates one slip)."""
+    return len(words(heard) & words(said)) / max(1, len(words(said)))
+
+
 async def _one_caller(url: str, index: int, rounds: int, together: asyncio.Barrier) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     async with Caller(url) as caller:
@@ -38,11 +43,11 @@ async def _one_caller(url: str, index: int, rounds: int, together: asyncio.Barri
             question = QUESTIONS[(index + round_no * 3) % len(QUESTIONS)]
             clip = trim(espeak(question))
             await asyncio.wait_for(together.wait(), 90)  # every caller speaks at the same moment
-            _, spoken_end = await caller.say(clip)
+            asked, spoken_end = await caller.say(clip)
             heard_at = await caller.wait_for_audio(after=spoken_end, timeout=30)
-            said = await caller.wait_for_event("user_transcript", timeout=10, after=spoken_end)
-            done = await caller.wait_for_event("agent_done", timeout=60, after=spoken_end)
-            overlap = len(words(said["text"]) & words(question)) / len(words(question))
+            said = await caller.wait_for_event("user_transcript", timeout=10, after=asked)
+            done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
+            overlap = word_overlap(said["text"], question)
             results.append(
                 {
                     "question": question,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from parley.audio import PIPELINE_RATE, resample
+from parley.audio import PIPELINE_RATE, resample, trim_silence
 
 
 class SpeechToolMissing(RuntimeError):
@@ -64,16 +64,9 @@ def cough(ms: float = 130.0, *, seed: int = 0, level: float = 0.5) -> np.ndarray
     return np.asarray(burst * 32767, dtype=np.int16)
 
 
-def trim(pcm: np.ndarray, floor_dbfs: float = -50.0) -> np.ndarray:
+def trim(pcm: np.ndarray) -> np.ndarray:
     """Cut the silence espeak-ng leaves before and after speech (a few hundred ms each side)."""
-    window = PIPELINE_RATE // 100
-    frames = pcm[: pcm.size // window * window].astype(np.float64).reshape(-1, window)
-    loud = np.flatnonzero(
-        10 * np.log10(np.maximum(1e-12, (frames**2).mean(axis=1)) / 32768.0**2) > floor_dbfs
-    )
-    if loud.size == 0:
-        return pcm[:0]
-    return pcm[loud[0] * window : (loud[-1] + 1) * window]
+    return trim_silence(pcm, PIPELINE_RATE)
 
 
 def join(*parts: np.ndarray) -> np.ndarray:
