@@ -171,3 +171,15 @@ def test_a_short_pause_transcribes_the_turn_ahead_once() -> None:
     assert control.log.count("paused") == 1
     feed(taker, 0.0, 200)
     assert len(control.ended) == 1
+
+
+def test_a_speaker_with_many_short_pauses_gets_few_early_transcriptions() -> None:
+    control = Control()
+    taker = TurnTaker(
+        Settings(early_stt_ms=32, end_of_turn_ms=300), SpeculativeTurnTracker(), control, CHUNK_MS
+    )
+    for _ in range(8):
+        feed(taker, 0.9, 300)
+        feed(taker, 0.0, 100)  # a short pause: each used to cost a transcription
+    assert 1 <= control.log.count("paused") <= 4
+    assert control.ended == []

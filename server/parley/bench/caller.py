@@ -260,14 +260,21 @@ class Caller:
             return np.zeros(0, dtype=np.int16)
         return resample(np.concatenate(chunks), WEBRTC_RATE, PIPELINE_RATE)
 
-    def longest_silence(self, start: float, within_s: float) -> float:
-        """The longest run of silent reply frames received in [start, start + within_s]."""
-        longest = run = 0.0
+    def gap_after(self, start: float, within_s: float) -> float | None:
+        """A gap in the reply audio that began within `within_s` of `start`: its length, once the audio came
+        back; 0.0 when there was no gap; None when the audio never came back (the reply had ended)."""
+        gap_start: float | None = None
         for t, level in zip(self.heard.times, self.heard.levels, strict=False):
-            if start <= t <= start + within_s:
-                run = run + 0.02 if level <= SPEECH_DBFS else 0.0
-                longest = max(longest, run)
-        return longest
+            if t < start:
+                continue
+            if level <= SPEECH_DBFS:
+                if gap_start is None and t <= start + within_s:
+                    gap_start = t
+            elif gap_start is not None:
+                return t - gap_start
+            elif t > start + within_s:
+                return 0.0
+        return None if gap_start is not None else 0.0
 
     def speech_seconds_between(self, start: float, end: float) -> float:
         frames = sum(

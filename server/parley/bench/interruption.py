@@ -100,7 +100,8 @@ async def blip_trial(caller: Caller, prompt: str, delay_s: float, noise: np.ndar
         return None
     done = await caller.wait_for_event("agent_done", timeout=60, after=started)
     await _settle(caller)
-    return {"cut": bool(done["interrupted"]), "pause_s": round(caller.longest_silence(blip_start, 2.0), 3)}
+    gap = caller.gap_after(blip_start, 0.4)
+    return {"cut": bool(done["interrupted"]), "pause_s": None if gap is None else round(gap, 3)}
 
 
 PAUSED_QUESTIONS = (
@@ -148,9 +149,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 trial = await blip_trial(caller, rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0), noise)
                 if trial is not None:
                     blips.append(trial)
-                    progress(
-                        f"blip {len(blips)}/{args.blips}: cut={trial['cut']} pause {trial['pause_s']:.2f} s"
-                    )
+                    progress(f"blip {len(blips)}/{args.blips}: cut={trial['cut']} pause {trial['pause_s']} s")
             for i in range(args.pauses):
                 first, rest = PAUSED_QUESTIONS[i % len(PAUSED_QUESTIONS)]
                 trial = await pause_trial(caller, trim(espeak(first)), trim(espeak(rest)), args.pause_ms)
@@ -166,7 +165,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "  server stop_s (audio in -> paused)": percentiles([s["server_stop_s"] for s in stops]),
         "  deliver_s (paused -> silent at caller)": percentiles([s["deliver_s"] for s in stops]),
         "blips that cut a reply": f"{cut}/{len(blips)}",
-        "blip pause_s": percentiles([b["pause_s"] for b in blips]),
+        "blip pause_s (reply resumed)": percentiles(
+            [b["pause_s"] for b in blips if b["pause_s"] is not None]
+        ),
         f"{args.pause_ms} ms pauses giving one reply": f"{one_reply}/{len(pauses)}",
         "of which reopened": sum(1 for p in pauses if p["revision"] >= 1),
     }

@@ -94,6 +94,7 @@ class TurnTaker:
         self._closed: _ClosedTurn | None = None
         self._candidate: int | None = None
         self._early_sent_for = 0.0
+        self._early_after_ms = float(settings.early_stt_ms)
 
     def process(self, chunk: np.ndarray, probability: float, arrived_at: float) -> None:
         """Take one VAD chunk and its speech probability; `arrived_at` is when its last frame arrived."""
@@ -174,10 +175,14 @@ class TurnTaker:
         if seg.silence_ms >= self.settings.end_of_turn_ms or seg.total_ms >= self.settings.max_turn_s * 1000:
             self._close_turn(seg.last_speech_at)
         elif (
-            0 < self.settings.early_stt_ms <= seg.silence_ms
+            0 < self._early_after_ms <= seg.silence_ms
             and self._early_sent_for != seg.last_speech_at
             and self._turn is not None
         ):
+            if self._early_sent_for:
+                # The last early transcript was wasted (speech went on): wait longer before the next one,
+                # so a speaker with many short pauses costs a few extra transcriptions, not one per pause.
+                self._early_after_ms = min(2 * self._early_after_ms, self.settings.end_of_turn_ms)
             self._early_sent_for = seg.last_speech_at
             turn_id, revision = self._turn
             self.control.speech_paused(
@@ -236,6 +241,8 @@ class TurnTaker:
         self.tracker.observe(turn_id, revision)
         self._turn = (turn_id, revision)
         self._turn_audio = list(audio)
+        self._early_sent_for = 0.0
+        self._early_after_ms = float(self.settings.early_stt_ms)
         self._segment.audio = []
         self.mode = Mode.SPEAKING
         if revision == 0:
