@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fractions
 import json
 import time
 from collections import deque
@@ -19,13 +18,16 @@ from typing import Any
 import aiohttp
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame
 
 from parley.audio import PIPELINE_RATE, resample, rms_dbfs
-from parley.transports.webrtc import WEBRTC_RATE, audio_frames, configure_ice, set_jitter_prefetch
+from parley.transports.webrtc import (
+    WEBRTC_RATE,
+    PacedAudioTrack,
+    audio_frames,
+    configure_ice,
+    set_jitter_prefetch,
+)
 
-FRAME_SAMPLES = WEBRTC_RATE // 50
 # aiortc's receiver holds 4 frames (80 ms) before playing; a browser's adaptive jitter buffer on a
 # clean loopback link sits near its floor of about one frame, which is what the benchmark caller mimics.
 BROWSER_JITTER_FRAMES = 1
@@ -46,17 +48,12 @@ class Playback:
     offset: int = 0
 
 
-class MicTrack(MediaStreamTrack):
+class MicTrack(PacedAudioTrack):
     """The caller's microphone: queued clips at real-time pace, silence between them."""
 
-    kind = "audio"
-
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(WEBRTC_RATE)
         self._clips: deque[Playback] = deque()
-        self._start: float | None = None
-        self._pts = 0
-        self._time_base = fractions.Fraction(1, WEBRTC_RATE)
 
     def play(self, pcm16k: np.ndarray) -> Playback:
         """Queue a clip (16 kHz); it is spoken after those queued before it."""
@@ -71,35 +68,21 @@ class MicTrack(MediaStreamTrack):
     def busy(self) -> bool:
         return bool(self._clips)
 
-    async def recv(self) -> AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            self._pts += FRAME_SAMPLES
-            delay = self._start + self._pts / WEBRTC_RATE - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        now = time.monotonic()
-        frame = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+    def next_frame(self, now: float) -> np.ndarray:
+        frame = np.zeros(self.frame_samples, dtype=np.int16)
         filled = 0
-        while filled < FRAME_SAMPLES and self._clips:
+        while filled < self.frame_samples and self._clips:
             clip = self._clips[0]
             if not clip.started.done():
-                clip.started.set_result(now + filled / WEBRTC_RATE)
-            take = min(FRAME_SAMPLES - filled, clip.pcm.size - clip.offset)
+                clip.started.set_result(now + filled / self.rate)
+            take = min(self.frame_samples - filled, clip.pcm.size - clip.offset)
             frame[filled : filled + take] = clip.pcm[clip.offset : clip.offset + take]
             filled += take
             clip.offset += take
             if clip.offset >= clip.pcm.size:
                 self._clips.popleft()
-                clip.finished.set_result(now + filled / WEBRTC_RATE)
-        out = AudioFrame.from_ndarray(frame.reshape(1, -1), format="s16", layout="mono")
-        out.sample_rate = WEBRTC_RATE
-        out.pts = self._pts
-        out.time_base = self._time_base
-        return out
+                clip.finished.set_result(now + filled / self.rate)
+        return frame
 
 
 @dataclass

@@ -162,11 +162,7 @@ class SpeculativeTurnTracker:
         if turn_id is None or revision is None:
             return True
         with self._condition:
-            if self._superseded_locked(turn_id, revision):
-                return False  # known already: no candidate can make it latest again
-            if self._pending_on_locked(turn_id, revision) is not None:
-                return None
-            return self._is_latest_locked(turn_id, revision)
+            return self._try_locked(turn_id, revision, grace=False, commit=False)
 
     def start_reopen_grace(self, turn_id: str | None, revision: int | None, grace_s: float) -> None:
         """Open (or extend) a window of `grace_s` seconds during which emitting for `revision` waits."""
@@ -197,11 +193,7 @@ class SpeculativeTurnTracker:
         if turn_id is None or revision is None:
             return True
         with self._condition:
-            if self._superseded_locked(turn_id, revision):
-                return False
-            if self._is_gated_locked(turn_id, revision):
-                return None
-            return self._is_latest_locked(turn_id, revision)
+            return self._try_locked(turn_id, revision, grace=True, commit=False)
 
     def is_latest_after_stability_window(
         self, turn_id: str | None, revision: int | None, settle_s: float
@@ -250,11 +242,7 @@ class SpeculativeTurnTracker:
         if turn_id is None or revision is None:
             return True
         with self._condition:
-            if self._superseded_locked(turn_id, revision):
-                return False
-            if self._pending_on_locked(turn_id, revision) is not None:
-                return None
-            return self._commit_if_latest_locked(turn_id, revision)
+            return self._try_locked(turn_id, revision, grace=False, commit=True)
 
     def commit_if_latest_after_reopen_grace(self, turn_id: str | None, revision: int | None) -> bool:
         """Wait out a pending candidate and the grace, then commit `revision` if it is latest."""
@@ -271,11 +259,7 @@ class SpeculativeTurnTracker:
         if turn_id is None or revision is None:
             return True
         with self._condition:
-            if self._superseded_locked(turn_id, revision):
-                return False
-            if self._is_gated_locked(turn_id, revision):
-                return None
-            return self._commit_if_latest_locked(turn_id, revision)
+            return self._try_locked(turn_id, revision, grace=True, commit=True)
 
     def is_committed(self, turn_id: str | None, revision: int | None = None) -> bool:
         """Whether the turn has any commit (`revision` None) or one at or above `revision`."""
@@ -349,6 +333,22 @@ class SpeculativeTurnTracker:
         if state is None or state.grace is None or state.grace.revision != revision:
             return 0.0
         return max(0.0, state.grace.until - time.monotonic())
+
+    def _try_locked(self, turn_id: str, revision: int, *, grace: bool, commit: bool) -> bool | None:
+        """The `try_` forms: False once superseded (no candidate can make it latest again), None while
+        gated (a candidate pending on `revision`, or its grace when `grace`), else latest (and commit)."""
+        if self._superseded_locked(turn_id, revision):
+            return False
+        gated = (
+            self._is_gated_locked(turn_id, revision) if grace else self._pending_on_locked(turn_id, revision)
+        )
+        if gated:
+            return None
+        return (
+            self._commit_if_latest_locked(turn_id, revision)
+            if commit
+            else self._is_latest_locked(turn_id, revision)
+        )
 
     def _superseded_locked(self, turn_id: str, revision: int) -> bool:
         state = self._turns.get(turn_id)

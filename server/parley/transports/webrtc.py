@@ -32,7 +32,7 @@ from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
-from parley.audio import PIPELINE_RATE, StreamResampler, audio_level_dbov, downmix
+from parley.audio import PIPELINE_RATE, StreamResampler, audio_level_dbov, downmix, samples_per_frame
 from parley.call import Call
 from parley.log import event
 from parley.outbound import Outbound
@@ -110,19 +110,26 @@ def set_jitter_prefetch(pc: RTCPeerConnection, frames: int) -> None:
             receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(capacity=16, prefetch=frames)
 
 
-class OutboundTrack(MediaStreamTrack):
-    """The agent's voice: 20 ms frames pulled from the call's Outbound at real-time pace."""
+class PacedAudioTrack(MediaStreamTrack):
+    """A sending track that produces one 20 ms mono frame per frame period, on the track's own clock.
+
+    aiortc asks for the next frame as soon as it has sent the last one; pacing here is what makes the
+    stream real-time. Subclasses say what the next frame holds.
+    """
 
     kind = "audio"
 
-    def __init__(self, outbound: Outbound) -> None:
+    def __init__(self, rate: int) -> None:
         super().__init__()
-        self.outbound = outbound
-        self._rate = outbound.rate
-        self._samples = outbound.frame_samples
-        self._time_base = fractions.Fraction(1, self._rate)
+        self.rate = rate
+        self.frame_samples = samples_per_frame(rate)
+        self._time_base = fractions.Fraction(1, rate)
         self._start: float | None = None
         self._pts = 0
+
+    def next_frame(self, now: float) -> np.ndarray:
+        """The next `frame_samples` of int16 audio; `now` is when it goes out (time.monotonic())."""
+        raise NotImplementedError
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
@@ -130,16 +137,27 @@ class OutboundTrack(MediaStreamTrack):
         if self._start is None:
             self._start = time.monotonic()
         else:
-            self._pts += self._samples
-            delay = self._start + self._pts / self._rate - time.monotonic()
+            self._pts += self.frame_samples
+            delay = self._start + self._pts / self.rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-        pcm = self.outbound.pull_frame()
+        pcm = self.next_frame(time.monotonic())
         frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = self._rate
+        frame.sample_rate = self.rate
         frame.pts = self._pts
         frame.time_base = self._time_base
         return frame
+
+
+class OutboundTrack(PacedAudioTrack):
+    """The agent's voice: frames pulled from the call's Outbound."""
+
+    def __init__(self, outbound: Outbound) -> None:
+        super().__init__(outbound.rate)
+        self.outbound = outbound
+
+    def next_frame(self, now: float) -> np.ndarray:
+        return self.outbound.pull_frame()
 
 
 class WebRtcPeer:
