@@ -39,3 +39,25 @@ async def test_a_full_service_refuses_politely_and_accepts_again_after_a_hangup(
         await second.hangup()
     finally:
         await server.close()
+
+
+async def test_a_caller_that_vanishes_without_hanging_up_is_ended() -> None:
+    settings = Settings(greeting="", ice_addresses=("127.0.0.1",))
+    server = TestServer(create_app(settings, engines=make_engines()), host="127.0.0.1")
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        caller = Caller(url)
+        await caller.connect()
+        assert caller.pc is not None
+        await caller.pc.close()  # no DELETE: the browser tab just went away
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):
+                if not await (await http.get(f"{url}/api/calls")).json():
+                    break
+                await asyncio.sleep(0.1)
+            details = await (await http.get(f"{url}/api/calls/{caller.call_id}")).json()
+        assert details["state"] == "ended" and details["ended_reason"] == "hangup"
+        await caller.hangup()
+    finally:
+        await server.close()
