@@ -142,3 +142,23 @@ def test_a_turn_is_transcribed_ahead_at_its_last_pause_and_not_again() -> None:
         line.stop()
         call.end("test_over")
         assert call.join(5.0)
+
+
+def test_a_greeting_cut_in_its_second_sentence_keeps_only_what_was_heard() -> None:
+    settings = Settings(greeting="One two three. Four five six seven eight nine.")
+    call = Call("c-cut", "test", settings, make_engines(), outbound_rate=RATE)
+    line = Line(call)
+    call.start()
+    line.start()
+    try:
+        line.wait(line.playing)
+        time.sleep(0.9)  # the first sentence (0.6 s) is over, the second has begun
+        line.say(loud(1000))
+        line.wait(lambda: line.event("agent_done", interrupted=True) is not None)
+        done = line.event("agent_done", interrupted=True)
+        assert done is not None
+        assert done["text"].startswith("One two three.") and "nine" not in done["text"]
+    finally:
+        line.stop()
+        call.end("test_over")
+        assert call.join(5.0)

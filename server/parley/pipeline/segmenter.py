@@ -17,6 +17,16 @@ FIRST_PIECE_MIN_WORDS = 3
 LONG_PIECE_WORDS = 28
 
 
+def split_sentences(text: str) -> list[str]:
+    """A piece of reply text as its sentences (the last one may lack its full stop)."""
+    sentences, start = [], 0
+    for end in _SENTENCE_END.finditer(text + " "):
+        sentences.append(text[start : end.end()].strip())
+        start = end.end()
+    rest = text[start:].strip()
+    return [s for s in [*sentences, rest] if s]
+
+
 def ends_sentence(piece: str) -> bool:
     return piece.rstrip("\"')] ")[-1:] in (".", "!", "?", "…")
 

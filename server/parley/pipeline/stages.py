@@ -37,7 +37,7 @@ from parley.pipeline.messages import (
     Utterance,
 )
 from parley.pipeline.queues import QueueClosed, StageQueue
-from parley.pipeline.segmenter import ReplySegmenter, ends_sentence
+from parley.pipeline.segmenter import ReplySegmenter, ends_sentence, split_sentences
 from parley.pipeline.turntaking import TurnTaker
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,12 @@ class TtsStage(Stage[ReplyText]):
     def _speak(self, response: Response, text: str) -> None:
         response.mark("tts_start")
         try:
-            self._synthesise(response, text)
+            # Sentence by sentence, so that each clip carries the words it speaks: what the caller heard
+            # of a reply cut in its second sentence is then known to the sentence.
+            for sentence in split_sentences(text):
+                if self.ctx.is_stale(response.tag):
+                    return
+                self._synthesise(response, sentence)
         finally:
             response.audio_ready.set()  # even when nothing came out: the LLM must not wait for it
 
@@ -281,8 +286,6 @@ class TtsStage(Stage[ReplyText]):
                 # Piper opens each clip with ~40-50 ms of near-silence, which the caller would wait through.
                 pcm = trim_silence(pcm, self.tts.sample_rate, trailing=False)
             audio = resample(pcm, self.tts.sample_rate, self.outbound.rate)
-            # Piper yields a chunk per sentence and the segmenter feeds it about one sentence, so the text
-            # rides on the first chunk: what was heard is then known to the chunk.
             self.outbound.push(AudioChunk(response, audio, text if first else ""))
             first = False
 
