@@ -14,7 +14,6 @@ import soxr
 
 PIPELINE_RATE = 16000
 FRAME_MS = 20
-INT16_MAX = 32767
 
 
 def samples_per_frame(rate: int, frame_ms: int = FRAME_MS) -> int:
@@ -26,13 +25,6 @@ def to_float32(pcm: np.ndarray) -> np.ndarray:
     if pcm.dtype == np.int16:
         return np.asarray(pcm.astype(np.float32) / 32768.0)
     return np.asarray(pcm, dtype=np.float32)
-
-
-def to_int16(samples: np.ndarray) -> np.ndarray:
-    """float in [-1, 1] -> int16 with clipping; int16 input passes through."""
-    if samples.dtype == np.int16:
-        return samples
-    return np.asarray(np.clip(samples, -1.0, 1.0) * INT16_MAX, dtype=np.int16)
 
 
 def downmix(interleaved: np.ndarray, channels: int) -> np.ndarray:
@@ -120,10 +112,6 @@ def trim_silence(
     start = loud[0] * window if leading else 0
     end = (loud[-1] + 1) * window if trailing else pcm.size
     return pcm[start:end]
-
-
-def silence(samples: int) -> np.ndarray:
-    return np.zeros(samples, dtype=np.int16)
 
 
 def audio_level_dbov(pcm: np.ndarray) -> int:

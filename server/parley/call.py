@@ -195,13 +195,12 @@ class Call:
         event(log, "false_interruption", call_id=self.call_id)
 
     def interrupt_agent(self, onset_arrived_at: float) -> None:
-        was_playing = self.outbound.paused or self.outbound.playing_response() is not None
+        had_audio = self.outbound.has_audio()  # paused audio counts: the pause is what stopped it
         paused_at = self.outbound.pause()
         self.scope.cancel()
-        flushed = self.outbound.flush()
+        cut = self.outbound.flush()
         self._flush_stage_queues()
         with self._lock:
-            cut = list(flushed.cut)
             if self._active is not None and self._active not in cut:
                 cut.append(self._active)
             self._active = None
@@ -209,7 +208,7 @@ class Call:
             self._commit(response, interrupted=True)
         stop_s = max(0.0, paused_at - onset_arrived_at)
         metrics.BARGE_INS_TOTAL.inc()
-        if was_playing:
+        if had_audio:
             metrics.INTERRUPTION_LATENCY.observe(stop_s)
         # Monotonic clock readings too: on one machine a benchmark can line them up with its own.
         self.emit(
@@ -265,7 +264,7 @@ class Call:
     # outbound listener (the transport's thread or event loop)
 
     def on_segment_started(self, response: Response, text: str, first: bool) -> None:
-        key = response.turn_id or GREETING_KEY
+        key = _turn_key(response)
         if first:
             self._set_state("agent_speaking")
             latency = response.response_s
@@ -301,7 +300,7 @@ class Call:
 
     def _commit(self, response: Response, *, interrupted: bool) -> None:
         tag = response.tag
-        key = tag.turn_id or GREETING_KEY
+        key = _turn_key(response)
         heard = response.heard_text()
         if tag.turn_id is not None and tag.revision is not None:
             self.tracker.commit(tag.turn_id, tag.revision)
@@ -331,6 +330,11 @@ class Call:
 
     def details(self) -> dict[str, Any]:
         return {**self.summary(), "ended_reason": self.end_reason, "transcript": self.conversation.snapshot()}
+
+
+def _turn_key(response: Response) -> str:
+    """The response's turn in the history and in events (the greeting has no turn of its own)."""
+    return response.tag.turn_id or GREETING_KEY
 
 
 def _round(value: float | None) -> float | None:

@@ -7,7 +7,6 @@ No other module reads the environment.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import tomllib
@@ -161,9 +160,6 @@ class Settings:
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
-
-    def with_changes(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
 
 
 class SettingsError(ValueError):

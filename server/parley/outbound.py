@@ -15,7 +15,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -45,14 +44,6 @@ class OutboundListener(Protocol):
     def on_end_of_call(self, reason: str) -> None: ...
 
 
-@dataclass(frozen=True)
-class FlushResult:
-    """What a flush cut: the responses whose audio was playing or waiting, and how much audio went."""
-
-    cut: list[Response]
-    dropped_samples: int
-
-
 def _words_heard(text: str, played: int, total: int) -> str:
     """The share of a segment's words the caller heard, by the share of its samples played."""
     words = text.split()
@@ -73,7 +64,6 @@ class Outbound:
         self._offset = 0
         self._paused_at: float | None = None
         self._silence = np.zeros(self.frame_samples, dtype=np.int16)
-        self.frames_pulled = 0
 
     # producers (stage threads)
 
@@ -98,34 +88,30 @@ class Outbound:
     def paused(self) -> bool:
         return self._paused_at is not None
 
-    def flush(self) -> FlushResult:
-        """Drop all reply audio at once (the next frame is silence) and unpause; markers survive in order."""
+    def flush(self) -> list[Response]:
+        """Drop all reply audio at once (the next frame is silence) and unpause; markers survive in order.
+
+        Returns the responses cut: the one playing (its heard share of words recorded) and those waiting.
+        """
         with self._lock:
             cut: list[Response] = []
-            dropped = 0
             if self._current is not None:
                 chunk = self._current
                 chunk.response.partial_segment = _words_heard(chunk.text, self._offset, chunk.pcm.size)
-                dropped += chunk.pcm.size - self._offset
                 cut.append(chunk.response)
                 self._current = None
                 self._offset = 0
             for item in flush_keeping(self._items, is_control):
                 assert isinstance(item, AudioChunk)
-                dropped += item.pcm.size
                 if item.response not in cut:
                     cut.append(item.response)
             self._paused_at = None
-            return FlushResult(cut=cut, dropped_samples=dropped)
+            return cut
 
     def has_audio(self) -> bool:
         """True while reply audio is playing or waiting to play (held back or paused included)."""
         with self._lock:
             return self._current is not None or any(isinstance(i, AudioChunk) for i in self._items)
-
-    def playing_response(self) -> Response | None:
-        with self._lock:
-            return self._current.response if self._current is not None else None
 
     # the transport
 
@@ -133,7 +119,6 @@ class Outbound:
         """The next 20 ms of audio at `rate` (int16); silence when nothing may play. Never blocks."""
         notices: list[Callable[[], None]] = []
         with self._lock:
-            self.frames_pulled += 1
             if self._paused_at is not None:
                 return self._silence
             frame = self._fill_frame_locked(notices)

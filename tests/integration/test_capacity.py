@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp.test_utils import TestServer
@@ -13,12 +15,20 @@ from parley.config import Settings
 from tests.doubles import make_engines
 
 
-async def test_a_full_service_refuses_politely_and_accepts_again_after_a_hangup() -> None:
-    settings = Settings(max_calls=1, greeting="Hi.", ice_addresses=("127.0.0.1",))
-    server = TestServer(create_app(settings, engines=make_engines()), host="127.0.0.1")
+@contextlib.asynccontextmanager
+async def service_with_test_engines(**settings: object) -> AsyncIterator[str]:
+    """The real app and WebRTC transport on loopback, with fast test engines; yields its URL."""
+    app = create_app(Settings(ice_addresses=("127.0.0.1",), **settings), engines=make_engines())
+    server = TestServer(app, host="127.0.0.1")
     await server.start_server()
-    url = str(server.make_url("")).rstrip("/")
     try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+async def test_a_full_service_refuses_politely_and_accepts_again_after_a_hangup() -> None:
+    async with service_with_test_engines(max_calls=1, greeting="Hi.") as url:
         first = Caller(url)
         await first.connect()
         await first.wait_for_event("agent_done", timeout=10, turn_id="greeting")
@@ -37,16 +47,10 @@ async def test_a_full_service_refuses_politely_and_accepts_again_after_a_hangup(
         second = Caller(url)
         await second.connect()
         await second.hangup()
-    finally:
-        await server.close()
 
 
 async def test_a_caller_that_vanishes_without_hanging_up_is_ended() -> None:
-    settings = Settings(greeting="", ice_addresses=("127.0.0.1",))
-    server = TestServer(create_app(settings, engines=make_engines()), host="127.0.0.1")
-    await server.start_server()
-    url = str(server.make_url("")).rstrip("/")
-    try:
+    async with service_with_test_engines(greeting="") as url:
         caller = Caller(url)
         await caller.connect()
         assert caller.pc is not None
@@ -59,5 +63,3 @@ async def test_a_caller_that_vanishes_without_hanging_up_is_ended() -> None:
             details = await (await http.get(f"{url}/api/calls/{caller.call_id}")).json()
         assert details["state"] == "ended" and details["ended_reason"] == "hangup"
         await caller.hangup()
-    finally:
-        await server.close()

@@ -81,8 +81,8 @@ def test_flush_silences_next_frame_and_keeps_markers_in_order_ahead_of_later_ite
     out.push(chunk(r2, 2, 2))
     out.push(EndOfCall("bye"))
     out.pull_frame()
-    result = out.flush()
-    assert result.cut == [r1, r2]
+    cut = out.flush()
+    assert cut == [r1, r2]
     assert r1.heard_text() == "a"  # one of three frames played: a quarter of the words, rounded
     out.push(chunk(reply("t3"), 1, 3))
     assert (out.pull_frame() == 3).all()  # no flushed audio plays; what came after the flush does...

@@ -64,10 +64,6 @@ class MicTrack(PacedAudioTrack):
         self._clips.append(playback)
         return playback
 
-    @property
-    def busy(self) -> bool:
-        return bool(self._clips)
-
     def next_frame(self, now: float) -> np.ndarray:
         frame = np.zeros(self.frame_samples, dtype=np.int16)
         filled = 0

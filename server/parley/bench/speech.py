@@ -35,13 +35,6 @@ def espeak(text: str, *, voice: str = "en-us", words_per_minute: int = 150) -> n
     return resample(np.asarray(data, dtype=np.int16), int(rate), PIPELINE_RATE)
 
 
-def read_wav(path: str | Path) -> np.ndarray:
-    data, rate = soundfile.read(str(path), dtype="int16")
-    if data.ndim > 1:
-        data = data.mean(axis=1).astype(np.int16)
-    return resample(np.asarray(data, dtype=np.int16), int(rate), PIPELINE_RATE)
-
-
 def write_wav(path: str | Path, pcm: np.ndarray, rate: int = PIPELINE_RATE) -> None:
     soundfile.write(str(path), pcm, rate, subtype="PCM_16")
 

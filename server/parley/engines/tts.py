@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from parley.audio import trim_silence
 from parley.config import Settings
 from parley.engines.device import onnx_providers, resolve_device
 
@@ -75,6 +76,9 @@ class PiperTts:
             return
         for chunk in self._voice.synthesize(text):
             audio = np.asarray(chunk.audio_int16_array, dtype=np.int16).reshape(-1)
+            # Piper opens every clip with ~40-50 ms of near-silence: a caller waiting for the first words
+            # waits through it, and the clip's own trailing silence already spaces the sentences.
+            audio = trim_silence(audio, self.sample_rate, trailing=False)
             if audio.size:
                 yield audio
 

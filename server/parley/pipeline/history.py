@@ -16,7 +16,7 @@ class TurnRecord:
     revision: int = 0
     user_text: str = ""
     agent_text: str = ""
-    agent_state: str = "pending"  # pending | committed | interrupted | superseded | no_reply
+    agent_state: str = "pending"  # pending | committed | interrupted | no_reply
     started_at: float = field(default_factory=time.time)
     response_s: float | None = None
 
@@ -70,12 +70,6 @@ class Conversation:
             record.agent_state = "interrupted" if interrupted else "committed"
             if response_s is not None:
                 record.response_s = response_s
-
-    def mark(self, turn_id: str, state: str) -> None:
-        with self._lock:
-            record = self._turns.get(turn_id)
-            if record is not None and record.agent_state == "pending":
-                record.agent_state = state
 
     def messages_for(self, turn_id: str) -> list[Message]:
         """The LLM prompt for answering `turn_id`: instructions, earlier turns as heard, then this turn."""

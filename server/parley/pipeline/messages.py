@@ -40,10 +40,6 @@ class Response:
     ended: bool = False
 
     @property
-    def turn_id(self) -> str | None:
-        return self.tag.turn_id
-
-    @property
     def response_s(self) -> float | None:
         if self.speech_end is None or self.first_audio_at is None:
             return None

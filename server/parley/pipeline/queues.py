@@ -90,11 +90,3 @@ class StageQueue(Generic[T]):
         """Whether an item waiting in the queue matches (a peek; nothing is taken)."""
         with self._cond:
             return any(predicate(item) for item in self._items)
-
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._items)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed

@@ -16,7 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import soundfile
 
 from parley import metrics
-from parley.audio import PIPELINE_RATE, FrameSplitter, resample, trim_silence
+from parley.audio import PIPELINE_RATE, FrameSplitter, resample
 from parley.config import Settings
 from parley.engines.llm import LlmEngine
 from parley.engines.stt import SttEngine, Transcription
@@ -283,8 +283,6 @@ class TtsStage(Stage[ReplyText]):
                 response.audio_ready.set()
                 response.tts_first_audio_s = time.monotonic() - started
                 metrics.STAGE_LATENCY.labels(stage="tts_first_audio").observe(response.tts_first_audio_s)
-                # Piper opens each clip with ~40-50 ms of near-silence, which the caller would wait through.
-                pcm = trim_silence(pcm, self.tts.sample_rate, trailing=False)
             audio = resample(pcm, self.tts.sample_rate, self.outbound.rate)
             self.outbound.push(AudioChunk(response, audio, text if first else ""))
             first = False
