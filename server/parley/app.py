@@ -2,29 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from parley import metrics
 from parley.call import Call
 from parley.config import Settings
-from parley.engines import Engines, load_engines
-from parley.log import event
+from parley.engines import Engines
 from parley.registry import CallRegistry
-from parley.transports.webrtc import WEBRTC_RATE, SignalingError, WebRtcPeer, configure_ice, parse_ice_servers
+from parley.runtime import CallRefused, Runtime
+from parley.transports.base import open_call
+from parley.transports.webrtc import WEBRTC_RATE, SignalingError, answering, configure_ice, parse_ice_servers
 
 log = logging.getLogger(__name__)
 
 SETTINGS = web.AppKey("settings", Settings)
+RUNTIME = web.AppKey("runtime", Runtime)
 REGISTRY = web.AppKey("registry", CallRegistry)
-STATE = web.AppKey("state", dict)
-RETRY_AFTER_S = "5"
 _ASSET_TYPES = {
     ".js": "text/javascript",
     ".css": "text/css",
@@ -77,35 +75,20 @@ def _authorise(request: web.Request) -> None:
         raise ApiError(401, "missing or wrong bearer token")
 
 
-def _engines_or_503(request: web.Request) -> Engines:
-    state = request.app[STATE]
-    engines: Engines | None = state.get("engines")
-    if engines is None:
-        message = "models are still loading" if not state.get("load_error") else "models failed to load"
-        raise ApiError(503, message, {"Retry-After": RETRY_AFTER_S})
-    if request.app[REGISTRY].at_capacity():
-        raise ApiError(503, "at capacity, try again shortly", {"Retry-After": RETRY_AFTER_S})
-    return engines
+def refusal(exc: CallRefused) -> ApiError:
+    return ApiError(503, exc.message, {"Retry-After": str(exc.retry_after_s)})
 
 
 async def _start_webrtc_call(request: web.Request, offer_sdp: str) -> tuple[Call, str]:
-    app = request.app
-    engines = _engines_or_503(request)
-    settings, registry = app[SETTINGS], app[REGISTRY]
-    call_id = registry.new_call_id()
-    call = Call(call_id, "webrtc", settings, engines, WEBRTC_RATE)
-    peer = WebRtcPeer(
-        call, parse_ice_servers(settings.ice_servers), lambda why: registry.end_soon(call_id, why)
-    )
-    with registry.admitting():
-        try:
-            answer = await peer.answer(offer_sdp)
-        except SignalingError as exc:
-            await peer.close()
-            raise ApiError(400, str(exc)) from exc
-        registry.add(call, peer.close)
-    call.start()
-    return call, answer
+    runtime = request.app[RUNTIME]
+    connect = answering(offer_sdp, parse_ice_servers(runtime.settings.ice_servers))
+    try:
+        call, peer = await open_call(runtime, "webrtc", WEBRTC_RATE, connect)
+    except CallRefused as exc:
+        raise refusal(exc) from exc
+    except SignalingError as exc:
+        raise ApiError(400, str(exc)) from exc
+    return call, peer.answer_sdp
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -171,15 +154,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    if state.get("engines") is None:
-        reason = state.get("load_error") or "models loading"
-        return web.json_response({"ready": False, "reason": reason}, status=503)
-    if request.app[REGISTRY].at_capacity():
-        return web.json_response(
-            {"ready": False, "reason": "at capacity"}, status=503, headers={"Retry-After": RETRY_AFTER_S}
-        )
-    return web.json_response({"ready": True, "calls": len(request.app[REGISTRY].active())})
+    runtime = request.app[RUNTIME]
+    reason = runtime.not_ready_reason()
+    if reason is not None:
+        headers = {"Retry-After": "5"} if runtime.engines is not None else None
+        return web.json_response({"ready": False, "reason": reason}, status=503, headers=headers)
+    return web.json_response({"ready": True, "calls": len(runtime.registry.active())})
 
 
 async def prometheus(request: web.Request) -> web.Response:
@@ -204,9 +184,10 @@ def _static(web_dir: Path) -> Handler:
 def create_app(settings: Settings, engines: Engines | None = None) -> web.Application:
     """The service. Without `engines`, the models load in a thread at start-up (readyz says when)."""
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_as_json])
+    runtime = Runtime(settings, engines)
     app[SETTINGS] = settings
-    app[REGISTRY] = CallRegistry(settings.max_calls)
-    app[STATE] = {"engines": engines, "owns_engines": engines is None}
+    app[RUNTIME] = runtime
+    app[REGISTRY] = runtime.registry
     configure_ice(settings.ice_addresses)
     parse_ice_servers(settings.ice_servers)  # a bad URL fails at start, not at the first call
 
@@ -223,40 +204,14 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
     app.router.add_get("/metrics", prometheus)
     app.router.add_get(r"/{name:[A-Za-z0-9_-]+\.(?:js|css|svg|png|ico|html)}", static)
 
-    app.on_startup.append(_load_models)
-    app.on_shutdown.append(_end_calls)
-    app.on_cleanup.append(_close_engines)
+    app.on_startup.append(_start)
+    app.on_shutdown.append(_stop)
     return app
 
 
-async def _load_models(app: web.Application) -> None:
-    state: dict[str, Any] = app[STATE]
-    if state["engines"] is not None:
-        metrics.MODELS_READY.set(1)
-        return
-
-    async def load() -> None:
-        try:
-            state["engines"] = await asyncio.to_thread(load_engines, app[SETTINGS])
-            metrics.MODELS_READY.set(1)
-            event(log, "ready")
-        except Exception as exc:
-            state["load_error"] = f"{type(exc).__name__}: {exc}"
-            log.exception("models_failed_to_load")
-
-    state["loader"] = asyncio.ensure_future(load())
+async def _start(app: web.Application) -> None:
+    app[RUNTIME].start_loading()
 
 
-async def _end_calls(app: web.Application) -> None:
-    await app[REGISTRY].end_all("shutdown")
-
-
-async def _close_engines(app: web.Application) -> None:
-    state = app[STATE]
-    loader = state.get("loader")
-    if loader is not None:
-        await loader
-    engines: Engines | None = state.get("engines")
-    if engines is not None and state["owns_engines"]:
-        await asyncio.to_thread(engines.close)
-    metrics.MODELS_READY.set(0)
+async def _stop(app: web.Application) -> None:
+    await app[RUNTIME].close()

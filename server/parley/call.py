@@ -1,9 +1,10 @@
 """Call: one conversation, whatever transport carries it.
 
-A transport hands caller audio to `push_audio` (16 kHz mono int16, any length, never blocks) and pulls
-20 ms frames from `outbound` at its own pace. The call owns its stage threads and queues, its turn
-tracker, cancel scope and history, and acts on the turn-taker's decisions: pause, resume, interrupt,
-reopen. `end()` stops everything it started; `join()` waits for the threads.
+A transport hands caller audio to `push_audio` (mono int16 at the transport's rate, any length, never
+blocks), keypad digits to `dtmf_received`, and pulls 20 ms frames from `outbound` at its own pace; the
+call tells it about events and flushed audio through `attach`. The call owns its stage threads and
+queues, its turn tracker, cancel scope and history, and acts on the turn-taker's decisions: pause,
+resume, interrupt, reopen. `end()` stops everything it started; `join()` waits for the threads.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from parley import metrics
+from parley.audio import PIPELINE_RATE, StreamResampler
 from parley.config import Settings
 from parley.engines import Engines
 from parley.log import event
@@ -28,6 +29,7 @@ from parley.pipeline.messages import (
     EarlyUtterance,
     EndOfCall,
     InboundFrame,
+    KeypadDigit,
     ReplyText,
     Response,
     Tag,
@@ -41,7 +43,15 @@ from parley.pipeline.turntaking import TurnTaker
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[dict[str, Any]], None]
+
+class CallListener(Protocol):
+    """What a call tells its transport; called from any thread, must not block."""
+
+    def deliver_event(self, payload: dict[str, Any]) -> None: ...
+
+    def audio_flushed(self) -> None: ...
+
+
 INBOUND_QUEUE_FRAMES = 250  # 5 s of audio: beyond that the VAD is hopelessly behind; drop the oldest
 GREETING_KEY = "greeting"
 
@@ -58,7 +68,6 @@ class Call:
         settings: Settings,
         engines: Engines,
         outbound_rate: int,
-        on_event: EventSink | None = None,
     ) -> None:
         self.call_id = call_id
         self.transport = transport
@@ -67,25 +76,29 @@ class Call:
         self.started_at = time.time()
         self.state = "starting"
         self.end_reason: str | None = None
+        self.caller = ""  # who calls (a SIP From URI, a phone number), when the transport knows
+        self.called = ""  # who was called (the SIP request-URI / To, the number dialled)
         self.tracker = SpeculativeTurnTracker()
         self.scope = CancelScope()
         self.conversation = Conversation(settings.system_prompt, settings.history_turns)
         self.outbound = Outbound(outbound_rate, gate=self._may_play, listener=self)
-        self._on_event = on_event
+        self._listener: CallListener | None = None
+        self._resampler: StreamResampler | None = None
         self._lock = threading.Lock()
         self._turn_numbers = itertools.count(1)
         self._active: Response | None = None
         self._ended = threading.Event()
+        self._started = False
         self._backchannels = {normalise_words(b) for b in settings.backchannels}
 
-        self.vad_in: StageQueue[InboundFrame] = StageQueue("vad", maxsize=INBOUND_QUEUE_FRAMES)
+        self.vad_in: StageQueue[InboundFrame | KeypadDigit] = StageQueue("vad", maxsize=INBOUND_QUEUE_FRAMES)
         self.stt_in: StageQueue[Utterance | EarlyUtterance] = StageQueue("stt")
         self.llm_in: StageQueue[Transcript] = StageQueue("llm")
         self.tts_in: StageQueue[ReplyText] = StageQueue("tts")
         chunk_ms = 1000 * engines.vad.chunk_samples / engines.vad.sample_rate
         self.turns = TurnTaker(settings, self.tracker, self, chunk_ms)
         self._threads: list[threading.Thread] = [
-            VadStage(self, self.vad_in, engines.vad, self.turns),
+            VadStage(self, self.vad_in, engines.vad, self.turns, self.keys_entered),
             SttStage(self, self.stt_in, engines.stt, self.llm_in),
             LlmStage(self, self.llm_in, engines.llm, self.tts_in),
             TtsStage(self, self.tts_in, engines.tts, self.outbound),
@@ -94,6 +107,7 @@ class Call:
     # lifecycle
 
     def start(self) -> None:
+        self._started = True
         metrics.CALLS_ACTIVE.labels(transport=self.transport).inc()
         for thread in self._threads:
             thread.start()
@@ -118,9 +132,10 @@ class Call:
         self.outbound.push(EndOfCall(reason))
         self._set_state("ended")
         duration = time.time() - self.started_at
-        metrics.CALLS_ACTIVE.labels(transport=self.transport).dec()
         metrics.CALLS_TOTAL.labels(transport=self.transport, outcome=reason).inc()
-        metrics.CALL_DURATION.observe(duration)
+        if self._started:  # a call that failed to connect (busy, cancelled) was never active
+            metrics.CALLS_ACTIVE.labels(transport=self.transport).dec()
+            metrics.CALL_DURATION.observe(duration)
         event(log, "call_ended", call_id=self.call_id, reason=reason, duration_s=round(duration, 2))
         return True
 
@@ -144,20 +159,42 @@ class Call:
 
     # the transport's side
 
-    def push_audio(self, pcm16k: np.ndarray) -> None:
-        if not self._ended.is_set():
-            self.vad_in.put(InboundFrame(pcm16k))
+    def attach(self, listener: CallListener) -> None:
+        """The transport that hears this call's events and flushes (set before `start`)."""
+        self._listener = listener
 
-    def set_event_sink(self, sink: EventSink | None) -> None:
-        self._on_event = sink
+    def push_audio(self, pcm: np.ndarray, rate: int = PIPELINE_RATE) -> None:
+        """Caller audio (mono int16 at `rate`), converted here, once, to the pipeline's 16 kHz."""
+        if self._ended.is_set():
+            return
+        if rate != PIPELINE_RATE:
+            if self._resampler is None or self._resampler.rate_in != rate:
+                self._resampler = StreamResampler(rate, PIPELINE_RATE)
+            pcm = self._resampler.process(pcm)
+            if not pcm.size:
+                return
+        self.vad_in.put(InboundFrame(pcm))
+
+    def dtmf_received(self, digit: str) -> None:
+        """A keypad digit from the transport (already de-duplicated); never blocks."""
+        if self._ended.is_set():
+            return
+        metrics.DTMF_DIGITS_TOTAL.labels(transport=self.transport).inc()
+        event(log, "dtmf", call_id=self.call_id, digit=digit)
+        self.emit({"type": "dtmf", "digit": digit})
+        self.vad_in.put(KeypadDigit(digit))
 
     def emit(self, payload: dict[str, Any]) -> None:
-        sink = self._on_event
-        if sink is not None:
+        listener = self._listener
+        if listener is not None:
             try:
-                sink(payload)
+                listener.deliver_event(payload)
             except Exception:
-                log.exception("event_sink_failed", extra={"call_id": self.call_id})
+                log.exception("event_delivery_failed", extra={"call_id": self.call_id})
+
+    def set_state(self, state: str) -> None:
+        """A transport's word on the call before it starts (e.g. "dialing", "ringing")."""
+        self._set_state(state)
 
     def _set_state(self, state: str) -> None:
         if self.state != state and (state == "ended" or self.state != "ended"):
@@ -194,8 +231,8 @@ class Call:
         self.outbound.resume()
         event(log, "false_interruption", call_id=self.call_id)
 
-    def interrupt_agent(self, onset_arrived_at: float) -> None:
-        had_audio = self.outbound.has_audio()  # paused audio counts: the pause is what stopped it
+    def interrupt_agent(self, onset_arrived_at: float, *, by: str = "speech") -> None:
+        had_audio = self.outbound.has_audio() and by == "speech"  # paused audio counts: the pause stopped it
         paused_at = self.outbound.pause()
         self.scope.cancel()
         cut = self.outbound.flush()
@@ -214,6 +251,7 @@ class Call:
         self.emit(
             {
                 "type": "barge_in",
+                "by": by,
                 "stop_s": round(stop_s, 4),
                 "heard_at": onset_arrived_at,
                 "paused_at": paused_at,
@@ -252,6 +290,29 @@ class Call:
             self.emit({"type": "agent_cancelled", "turn_id": turn_id})
         self._set_state("user_speaking")
         event(log, "turn_reopened", call_id=self.call_id, turn_id=turn_id, revision=candidate)
+
+    def keys_entered(self, digits: str) -> None:
+        """A finished keypad entry (VAD thread) is a user turn of its own: the LLM reads "[DTMF 12#]".
+
+        Keys pressed while the agent talks stop it, as on any phone menu.
+        """
+        now = time.monotonic()
+        if self.agent_active():
+            self.interrupt_agent(now, by="keypad")
+        turn_id = self.open_turn()
+        self.tracker.observe(turn_id, 0)
+        text = f"[DTMF {digits}]"
+        self.scope.new_response()
+        response = Response(Tag(turn_id, 0, self.scope.generation), speech_end=now, user_text=text)
+        with self._lock:
+            self._active = response
+        self.conversation.set_user_text(turn_id, 0, text)
+        self.emit(
+            {"type": "user_transcript", "turn_id": turn_id, "revision": 0, "text": text, "keypad": True}
+        )
+        event(log, "keys_entered", call_id=self.call_id, turn_id=turn_id, digits=digits)
+        self.llm_in.put(Transcript(response, text))
+        self._set_state("thinking")
 
     def is_backchannel(self, audio: np.ndarray) -> bool:
         text = normalise_words(self.engines.stt.transcribe(audio).text)
@@ -298,6 +359,14 @@ class Call:
     def on_end_of_call(self, reason: str) -> None:
         self._set_state("ended")
 
+    def on_flushed(self) -> None:
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener.audio_flushed()
+            except Exception:
+                log.exception("flush_notice_failed", extra={"call_id": self.call_id})
+
     def _commit(self, response: Response, *, interrupted: bool) -> None:
         tag = response.tag
         key = _turn_key(response)
@@ -323,6 +392,8 @@ class Call:
         return {
             "id": self.call_id,
             "transport": self.transport,
+            "caller": self.caller,
+            "called": self.called,
             "started": self.started_at,
             "state": self.state,
             "turns": sum(1 for t in self.conversation.snapshot() if t["turn_id"] != GREETING_KEY),

@@ -154,6 +154,10 @@ class Settings:
         default=DEFAULT_BACKCHANNELS, metadata=_opt("words that never interrupt the agent", "turns")
     )
     preroll_ms: int = field(default=300, metadata=_opt("audio kept before speech onset", "turns"))
+    keypad_timeout_ms: int = field(
+        default=1200,
+        metadata=_opt("a keypad (DTMF) entry ends this long after its last key, or at '#'", "turns"),
+    )
     max_turn_s: float = field(
         default=20.0, metadata=_opt("longest utterance before a forced turn end", "turns")
     )

@@ -14,6 +14,12 @@ _FAST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15
 # Calls
 CALLS_ACTIVE = Gauge("parley_calls_active", "Calls in progress", ["transport"], registry=REGISTRY)
 CALLS_TOTAL = Counter("parley_calls_total", "Calls ended", ["transport", "outcome"], registry=REGISTRY)
+CALLS_REFUSED_TOTAL = Counter(
+    "parley_calls_refused_total",
+    "Calls refused before they started (loading, load_failed, capacity, closing, forbidden, ...)",
+    ["transport", "reason"],
+    registry=REGISTRY,
+)
 CALL_DURATION = Histogram(
     "parley_call_duration_seconds",
     "Call length",
@@ -71,6 +77,15 @@ QUEUE_DEPTH = Gauge(
 )
 FRAMES_DROPPED_TOTAL = Counter(
     "parley_frames_dropped_total", "Audio frames dropped", ["reason"], registry=REGISTRY
+)
+TRANSPORT_ERRORS_TOTAL = Counter(
+    "parley_transport_errors_total",
+    "Bad or failed input at a transport, by a bounded reason (malformed, rtp_timeout, no_ack, ...)",
+    ["transport", "reason"],
+    registry=REGISTRY,
+)
+DTMF_DIGITS_TOTAL = Counter(
+    "parley_dtmf_digits_total", "Keypad digits received", ["transport"], registry=REGISTRY
 )
 ENGINE_ERRORS_TOTAL = Counter("parley_engine_errors_total", "Engine failures", ["engine"], registry=REGISTRY)
 MODELS_READY = Gauge("parley_models_ready", "1 once every model is loaded", registry=REGISTRY)

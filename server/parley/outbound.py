@@ -43,6 +43,8 @@ class OutboundListener(Protocol):
 
     def on_end_of_call(self, reason: str) -> None: ...
 
+    def on_flushed(self) -> None: ...
+
 
 def _words_heard(text: str, played: int, total: int) -> str:
     """The share of a segment's words the caller heard, by the share of its samples played."""
@@ -92,7 +94,13 @@ class Outbound:
         """Drop all reply audio at once (the next frame is silence) and unpause; markers survive in order.
 
         Returns the responses cut: the one playing (its heard share of words recorded) and those waiting.
+        The listener hears of it (after the lock is released): a carrier must clear what it buffered.
         """
+        cut = self._flush()
+        self._listener.on_flushed()
+        return cut
+
+    def _flush(self) -> list[Response]:
         with self._lock:
             cut: list[Response] = []
             if self._current is not None:

@@ -33,30 +33,42 @@ class CallRegistry:
         self._ending: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[bool]] = set()
         self._admitting = 0
+        self._setting_up: dict[str, Call] = {}
+        self.closing = False  # set by end_all: no call is admitted any more
 
     @staticmethod
     def new_call_id() -> str:
         return "c-" + secrets.token_hex(6)
 
     def at_capacity(self) -> bool:
-        return len(self._active) + self._admitting >= self.max_calls
+        return self.closing or len(self._active) + self._admitting >= self.max_calls
 
     @contextlib.contextmanager
-    def admitting(self) -> Iterator[None]:
-        """Hold a line while a call is being set up (signaling awaits), so that concurrent offers
-        cannot all pass the capacity check."""
+    def setting_up(self, call: Call) -> Iterator[None]:
+        """Hold a line while a call is being set up (signaling awaits), so that concurrent setups
+        cannot all pass the capacity check; meanwhile `get` finds the call (e.g. an outbound call ringing)."""
         self._admitting += 1
+        self._setting_up[call.call_id] = call
         try:
             yield
         finally:
             self._admitting -= 1
+            self._setting_up.pop(call.call_id, None)
+
+    def remember_ended(self, call: Call) -> None:
+        """Keep an ended call visible to `get` (a call that never got past its setup, too)."""
+        self._ended[call.call_id] = call
+        while len(self._ended) > KEEP_ENDED:
+            self._ended.popitem(last=False)
 
     def add(self, call: Call, close_transport: Closer) -> None:
         self._active[call.call_id] = _Entry(call, close_transport)
 
     def get(self, call_id: str) -> Call | None:
         entry = self._active.get(call_id)
-        return entry.call if entry is not None else self._ended.get(call_id)
+        if entry is not None:
+            return entry.call
+        return self._setting_up.get(call_id) or self._ended.get(call_id)
 
     def active(self) -> list[Call]:
         return [entry.call for entry in self._active.values()]
@@ -86,9 +98,7 @@ class CallRegistry:
             log.exception("transport_close_failed", extra={"call_id": call.call_id})
         await asyncio.to_thread(call.join)
         self._active.pop(call.call_id, None)
-        self._ended[call.call_id] = call
-        while len(self._ended) > KEEP_ENDED:
-            self._ended.popitem(last=False)
+        self.remember_ended(call)
 
     def end_soon(self, call_id: str, reason: str) -> None:
         """End a call from a callback that must not wait (e.g. inside the call's own transport task)."""
@@ -97,4 +107,5 @@ class CallRegistry:
         task.add_done_callback(self._background.discard)
 
     async def end_all(self, reason: str) -> None:
+        self.closing = True
         await asyncio.gather(*(self.end(call_id, reason) for call_id in list(self._active)))

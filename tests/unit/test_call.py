@@ -26,8 +26,15 @@ class Line:
         self.events: list[dict[str, Any]] = []
         self.heard: list[tuple[float, bool]] = []
         self._stop = threading.Event()
+        self.flushes = 0
         self._puller = threading.Thread(target=self._pull, daemon=True)
-        call.set_event_sink(self.events.append)
+        call.attach(self)
+
+    def deliver_event(self, payload: dict[str, Any]) -> None:
+        self.events.append(payload)
+
+    def audio_flushed(self) -> None:
+        self.flushes += 1
 
     def _pull(self) -> None:
         while not self._stop.is_set():
@@ -162,3 +169,58 @@ def test_a_greeting_cut_in_its_second_sentence_keeps_only_what_was_heard() -> No
         line.stop()
         call.end("test_over")
         assert call.join(5.0)
+
+
+def test_the_transport_hears_of_a_barge_in_flush(call_and_line) -> None:  # type: ignore[no-untyped-def]
+    call, line = call_and_line
+    call.engines.tts.seconds_per_word = 0.4  # type: ignore[attr-defined]
+    line.say(np.concatenate([loud(800), quiet(400)]))
+    line.wait(line.playing)
+    flushes = line.flushes
+    line.say(loud(1000))
+    line.wait(lambda: line.event("barge_in") is not None)
+    assert line.flushes > flushes
+
+
+def test_audio_at_the_telephone_rate_is_heard_as_speech(call_and_line) -> None:  # type: ignore[no-untyped-def]
+    call, line = call_and_line
+    pcm = np.concatenate([loud(800, rate=8000), quiet(500, rate=8000)])
+    for i in range(0, pcm.size, 160):
+        call.push_audio(pcm[i : i + 160], 8000)
+        time.sleep(0.02)
+    line.wait(lambda: line.event("user_transcript", text="hello there") is not None)
+
+
+def test_keys_pressed_become_a_turn_the_agent_answers(call_and_line) -> None:  # type: ignore[no-untyped-def]
+    call, line = call_and_line
+    for digit in "42#":
+        call.dtmf_received(digit)
+    line.wait(lambda: line.event("agent_done") is not None)
+    assert [e["digit"] for e in line.events if e["type"] == "dtmf"] == ["4", "2", "#"]
+    said = line.event("user_transcript")
+    assert said is not None and said["text"] == "[DTMF 42#]"
+    prompt = call.engines.llm.prompts[-1]  # type: ignore[attr-defined]
+    assert prompt[-1] == {"role": "user", "content": "[DTMF 42#]"}
+    turn = call.details()["transcript"][0]
+    assert turn["user"] == "[DTMF 42#]" and turn["agent_state"] == "committed"
+
+
+def test_a_keypad_entry_without_hash_ends_after_the_timeout(call_and_line) -> None:  # type: ignore[no-untyped-def]
+    call, line = call_and_line
+    call.dtmf_received("7")
+    time.sleep(0.3)
+    assert line.event("user_transcript") is None  # still waiting for more keys
+    line.wait(lambda: line.event("user_transcript", text="[DTMF 7]") is not None, timeout=5)
+
+
+def test_keys_pressed_while_the_agent_talks_stop_it(call_and_line) -> None:  # type: ignore[no-untyped-def]
+    call, line = call_and_line
+    call.engines.tts.seconds_per_word = 0.4  # type: ignore[attr-defined]
+    line.say(np.concatenate([loud(800), quiet(400)]))
+    line.wait(line.playing)
+    call.dtmf_received("0")
+    call.dtmf_received("#")
+    line.wait(lambda: line.event("agent_done", interrupted=True) is not None)
+    barge = line.event("barge_in")
+    assert barge is not None and barge["by"] == "keypad"
+    line.wait(lambda: line.event("user_transcript", text="[DTMF 0#]") is not None)

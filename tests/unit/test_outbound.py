@@ -16,6 +16,7 @@ class Listener:
         self.segments: list[str] = []
         self.ended: list[tuple[Response, bool]] = []
         self.end_of_call: list[str] = []
+        self.flushes = 0
 
     def on_segment_started(self, response: Response, text: str, first: bool) -> None:
         self.segments.append(text)
@@ -25,6 +26,9 @@ class Listener:
 
     def on_end_of_call(self, reason: str) -> None:
         self.end_of_call.append(reason)
+
+    def on_flushed(self) -> None:
+        self.flushes += 1
 
 
 def make(gate=lambda tag: True):  # type: ignore[no-untyped-def]
@@ -82,6 +86,7 @@ def test_flush_silences_next_frame_and_keeps_markers_in_order_ahead_of_later_ite
     out.push(EndOfCall("bye"))
     out.pull_frame()
     cut = out.flush()
+    assert listener.flushes == 1  # a carrier learns of it, to clear what it buffered
     assert cut == [r1, r2]
     assert r1.heard_text() == "a"  # one of three frames played: a quarter of the words, rounded
     out.push(chunk(reply("t3"), 1, 3))

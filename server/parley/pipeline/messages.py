@@ -67,6 +67,14 @@ class InboundFrame:
 
 
 @dataclass(frozen=True)
+class KeypadDigit:
+    """A DTMF digit the caller pressed, in order with the audio around it."""
+
+    digit: str
+    arrived_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
 class Utterance:
     response: Response
     audio: np.ndarray  # int16, 16 kHz

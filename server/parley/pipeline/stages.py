@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -25,11 +26,13 @@ from parley.engines.vad import VadEngine
 from parley.log import event
 from parley.outbound import Outbound
 from parley.pipeline.history import Conversation
+from parley.pipeline.keypad import KeypadEntry
 from parley.pipeline.messages import (
     AudioChunk,
     EarlyUtterance,
     EndOfResponse,
     InboundFrame,
+    KeypadDigit,
     ReplyText,
     Response,
     Tag,
@@ -77,6 +80,7 @@ class Stage(threading.Thread, Generic[Item]):
             except QueueClosed:
                 return
             if item is None:
+                self.idle()
                 continue
             try:
                 self.handle(item)
@@ -88,27 +92,53 @@ class Stage(threading.Thread, Generic[Item]):
     def handle(self, item: Item) -> None:
         raise NotImplementedError
 
+    def idle(self) -> None:
+        """Called when `idle_timeout_s` passed without an item (by default, nothing to do)."""
+
     def recover(self, item: Item) -> None:
         """After a failure on `item`: leave the call consistent (by default, nothing to do)."""
 
 
-class VadStage(Stage[InboundFrame]):
+class VadStage(Stage[InboundFrame | KeypadDigit]):
+    """Speech probabilities per VAD chunk for the turn-taker, and keypad entries in order with them."""
+
     stage_name = "vad"
     engine_name = "vad"
+    idle_timeout_s = 0.1  # a keypad entry still times out when no audio arrives (a peer on hold)
 
-    def __init__(self, ctx: StageContext, inbox: StageQueue[InboundFrame], vad: VadEngine, turns: TurnTaker):
+    def __init__(
+        self,
+        ctx: StageContext,
+        inbox: StageQueue[InboundFrame | KeypadDigit],
+        vad: VadEngine,
+        turns: TurnTaker,
+        on_keys: Callable[[str], None],
+    ):
         super().__init__(ctx, inbox)
         self.stream = vad.new_stream()
         self.splitter = FrameSplitter(vad.chunk_samples)
         self.turns = turns
+        self.keypad = KeypadEntry(ctx.settings.keypad_timeout_ms / 1000)
+        self._on_keys = on_keys
         self._latency = metrics.STAGE_LATENCY.labels(stage="vad")
 
-    def handle(self, item: InboundFrame) -> None:
+    def handle(self, item: InboundFrame | KeypadDigit) -> None:
+        if isinstance(item, KeypadDigit):
+            self._keys(self.keypad.push(item.digit, item.arrived_at))
+            return
         for chunk in self.splitter.push(item.pcm):
             started = time.perf_counter()
             probability = self.stream.probability(chunk)
             self._latency.observe(time.perf_counter() - started)
             self.turns.process(chunk, probability, item.arrived_at)
+        self._keys(self.keypad.poll(item.arrived_at))
+
+    def idle(self) -> None:
+        self._keys(self.keypad.poll(time.monotonic()))
+
+    def _keys(self, entry: str | None) -> None:
+        if entry:
+            self._on_keys(entry)
 
 
 class SttStage(Stage[Utterance | EarlyUtterance]):

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import aioice.ice
@@ -32,10 +32,11 @@ from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
-from parley.audio import PIPELINE_RATE, StreamResampler, audio_level_dbov, downmix, samples_per_frame
+from parley.audio import audio_level_dbov, downmix, samples_per_frame
 from parley.call import Call
 from parley.log import event
 from parley.outbound import Outbound
+from parley.transports.base import Connect, FrameClock, HangUp
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class PacedAudioTrack(MediaStreamTrack):
         self.rate = rate
         self.frame_samples = samples_per_frame(rate)
         self._time_base = fractions.Fraction(1, rate)
-        self._start: float | None = None
+        self._clock = FrameClock()
         self._pts = 0
 
     def next_frame(self, now: float) -> np.ndarray:
@@ -134,18 +135,13 @@ class PacedAudioTrack(MediaStreamTrack):
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            self._pts += self.frame_samples
-            delay = self._start + self._pts / self.rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        await self._clock.tick()
         pcm = self.next_frame(time.monotonic())
         frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.rate
         frame.pts = self._pts
         frame.time_base = self._time_base
+        self._pts += self.frame_samples
         return frame
 
 
@@ -160,15 +156,25 @@ class OutboundTrack(PacedAudioTrack):
         return self.outbound.pull_frame()
 
 
-class WebRtcPeer:
-    """One browser (or WHIP client) and its call."""
+def answering(offer_sdp: str, ice_servers: list[RTCIceServer]) -> Connect[WebRtcPeer]:
+    """How `open_call` connects a browser's offer: answer it (SignalingError if it cannot be used)."""
 
-    def __init__(
-        self,
-        call: Call,
-        ice_servers: list[RTCIceServer],
-        on_gone: Callable[[str], None],
-    ) -> None:
+    async def connect(call: Call, hang_up: HangUp) -> WebRtcPeer:
+        peer = WebRtcPeer(call, ice_servers, hang_up)
+        try:
+            peer.answer_sdp = await peer.answer(offer_sdp)
+        except BaseException:
+            await peer.close()
+            raise
+        return peer
+
+    return connect
+
+
+class WebRtcPeer:
+    """One browser (or WHIP client) and its call: the call's transport over WebRTC."""
+
+    def __init__(self, call: Call, ice_servers: list[RTCIceServer], on_gone: HangUp) -> None:
         self.call = call
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers))
         self._on_gone = on_gone
@@ -177,21 +183,21 @@ class WebRtcPeer:
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.answer_sdp = ""
         self.pc.addTrack(OutboundTrack(call.outbound))
         self.pc.on("track", self._on_track)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_connection_state)
-        call.set_event_sink(self._event_from_any_thread)
 
     async def answer(self, offer_sdp: str) -> str:
         validate_offer_sdp(offer_sdp)
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        except Exception as exc:  # aiortc's SDP parser also asserts on malformed lines
+            set_jitter_prefetch(self.pc, INBOUND_JITTER_FRAMES)
+            answer = await self.pc.createAnswer()
+            await self.pc.setLocalDescription(answer)
+        except Exception as exc:  # aiortc's SDP handling also asserts on malformed or inconsistent offers
             raise SignalingError(f"the offer could not be used: {str(exc) or 'malformed SDP'}") from exc
-        set_jitter_prefetch(self.pc, INBOUND_JITTER_FRAMES)
-        answer = await self.pc.createAnswer()
-        await self.pc.setLocalDescription(answer)
         self._spawn(self._watch_connect())
         return str(self.pc.localDescription.sdp)
 
@@ -219,13 +225,8 @@ class WebRtcPeer:
             self._spawn(self._pump_inbound(track))
 
     async def _pump_inbound(self, track: MediaStreamTrack) -> None:
-        resampler: StreamResampler | None = None
         async for rate, mono in audio_frames(track):
-            if resampler is None or resampler.rate_in != rate:
-                resampler = StreamResampler(rate, PIPELINE_RATE)
-            pcm = resampler.process(mono)
-            if pcm.size:
-                self.call.push_audio(pcm)
+            self.call.push_audio(mono, rate)
         if not self._closed:
             self._on_gone("hangup")
 
@@ -244,7 +245,11 @@ class WebRtcPeer:
         if channel.readyState == "open":
             flush_pending()
 
-    def _event_from_any_thread(self, payload: dict[str, Any]) -> None:
+    def audio_flushed(self) -> None:
+        """Nothing to do: the next frame the track pulls is already silence."""
+
+    def deliver_event(self, payload: dict[str, Any]) -> None:
+        """Send an event to the page (from any thread); queued until the data channel opens."""
         message = json.dumps(payload)
         if self._loop.is_closed():
             return

@@ -1,0 +1,93 @@
+"""What every transport needs to open a call: the settings, the shared engines once loaded, the registry.
+
+One `Runtime` per service process. The models load in a thread at start-up; until they are loaded (or
+when loading failed) and while the registry is at capacity, calls are refused with a `CallRefused`
+that each transport turns into its own refusal (HTTP 503, SIP 503, a closed WebSocket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from parley import metrics
+from parley.config import Settings
+from parley.engines import Engines, load_engines
+from parley.log import event
+from parley.registry import CallRegistry
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5
+
+
+class CallRefused(Exception):
+    """No call can be opened now. `reason`: loading | load_failed | capacity | closing."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.retry_after_s = RETRY_AFTER_S
+
+
+class Runtime:
+    def __init__(self, settings: Settings, engines: Engines | None = None) -> None:
+        self.settings = settings
+        self.registry = CallRegistry(settings.max_calls)
+        self.engines = engines
+        self.load_error: str | None = None
+        self._owns_engines = engines is None
+        self._loader: asyncio.Task[None] | None = None
+
+    def start_loading(self) -> None:
+        """Load the models in a thread unless they were given (readiness says when they are in)."""
+        if self.engines is not None:
+            metrics.MODELS_READY.set(1)
+            return
+        self._loader = asyncio.ensure_future(self._load())
+
+    async def _load(self) -> None:
+        try:
+            self.engines = await asyncio.to_thread(load_engines, self.settings)
+            metrics.MODELS_READY.set(1)
+            event(log, "ready")
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.exception("models_failed_to_load")
+
+    def not_ready_reason(self) -> str | None:
+        """Why a call would be refused now, or None when one would be accepted."""
+        if self.registry.closing:
+            return "shutting down"
+        if self.engines is None:
+            return self.load_error or "models loading"
+        if self.registry.at_capacity():
+            return "at capacity"
+        return None
+
+    def admit(self, transport: str) -> Engines:
+        """The engines for a new call; raises CallRefused (and counts it) when none can be opened now."""
+        if self.registry.closing:
+            refused = CallRefused("closing", "the service is shutting down")
+        elif self.engines is None:
+            refused = (
+                CallRefused("load_failed", "models failed to load")
+                if self.load_error
+                else CallRefused("loading", "models are still loading")
+            )
+        elif self.registry.at_capacity():
+            refused = CallRefused("capacity", "at capacity, try again shortly")
+        else:
+            return self.engines
+        metrics.CALLS_REFUSED_TOTAL.labels(transport=transport, reason=refused.reason).inc()
+        raise refused
+
+    async def close(self) -> None:
+        """End every call, then release the engines this runtime loaded."""
+        await self.registry.end_all("shutdown")
+        if self._loader is not None:
+            await self._loader
+        if self.engines is not None and self._owns_engines:
+            await asyncio.to_thread(self.engines.close)
+        metrics.MODELS_READY.set(0)

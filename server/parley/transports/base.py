@@ -1,0 +1,138 @@
+"""The seam between transports and calls: one way to open a call, and one clock to send audio by.
+
+A transport carries one call's audio and signaling, whatever the wire (WebRTC, SIP/RTP, a carrier's
+media-stream WebSocket). It:
+- hands caller audio to `Call.push_audio(pcm, rate)` at its own rate (the call converts it once);
+- pulls the agent's voice from `call.outbound` one 20 ms frame at a time, at its own pace (non-WebRTC
+  senders use `send_paced`; aiortc asks for frames itself and paces with the same `FrameClock`);
+- passes keypad digits to `Call.dtmf_received`;
+- is told about the call (`deliver_event`), about flushed audio (`audio_flushed`: a carrier clears the
+  audio it buffered), and to close;
+- calls its `hang_up(reason)` when its peer goes away, which ends the call through the registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from parley.audio import FRAME_MS
+from parley.call import Call
+from parley.log import event
+from parley.runtime import CallRefused, Runtime
+
+log = logging.getLogger(__name__)
+
+FRAME_S = FRAME_MS / 1000
+MAX_LAG_S = 0.2  # a sender this far behind (the loop stalled) starts a new schedule instead of bursting
+
+
+class Transport(Protocol):
+    """What a call's transport is told. `deliver_event` and `audio_flushed` may come from any thread."""
+
+    def deliver_event(self, payload: dict[str, Any]) -> None: ...
+
+    def audio_flushed(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class CallSetupFailed(Exception):
+    """The call could not be connected, for a reason worth keeping in its record (`outcome`: busy,
+    no_answer, rejected, cancelled, failed): the call is recorded as ended with that outcome."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+T = TypeVar("T", bound=Transport)
+HangUp = Callable[[str], None]
+Connect = Callable[[Call, HangUp], Awaitable[T]]
+
+
+async def open_call(runtime: Runtime, kind: str, rate: int, connect: Connect[T]) -> tuple[Call, T]:
+    """Admit, build and start a call on a transport; the one way every transport opens a call.
+
+    `connect(call, hang_up)` builds the transport and does its signaling (it may await; meanwhile the
+    call holds a line, so concurrent setups cannot overshoot --max-calls). It cleans up after itself if
+    it raises, and whatever it raises propagates; a CallSetupFailed is also kept as the call's record.
+    `rate` is the transport's outgoing sample rate.
+    Raises CallRefused when the models are not loaded, at capacity, or shutting down.
+    """
+    engines = runtime.admit(kind)
+    registry = runtime.registry
+    call = Call(registry.new_call_id(), kind, runtime.settings, engines, rate)
+
+    def hang_up(reason: str) -> None:
+        registry.end_soon(call.call_id, reason)
+
+    with registry.setting_up(call):
+        try:
+            transport = await connect(call, hang_up)
+        except CallSetupFailed as exc:
+            call.end(exc.outcome)
+            registry.remember_ended(call)
+            raise
+    if registry.closing:
+        # The service began shutting down while this call was being set up: it must not outlive that.
+        await transport.close()
+        raise CallRefused("closing", "the service is shutting down")
+    call.attach(transport)
+    registry.add(call, transport.close)
+    call.start()
+    return call, transport
+
+
+class FrameClock:
+    """Deadlines one frame period apart on the monotonic clock, starting at the first tick.
+
+    Deadlines are counted from the start, not from the last wake-up, so sleeping late never accumulates
+    into drift. After a stall of more than MAX_LAG_S the schedule restarts: catching up would send a
+    burst that a receiver's jitter buffer could only drop.
+    """
+
+    def __init__(self, period_s: float = FRAME_S) -> None:
+        self.period_s = period_s
+        self._start: float | None = None
+        self._count = 0
+
+    def delay(self) -> float:
+        """Seconds until the next frame is due (advances the schedule by one frame)."""
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+            return 0.0
+        self._count += 1
+        due = self._start + self._count * self.period_s
+        if now - due > MAX_LAG_S:
+            self._start, self._count = now, 0
+            return 0.0
+        return max(0.0, due - now)
+
+    async def tick(self) -> None:
+        delay = self.delay()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def send_paced(
+    pull: Callable[[], np.ndarray], send: Callable[[np.ndarray], None], *, call_id: str = ""
+) -> None:
+    """Every 20 ms, one frame from `pull()` (silence when the agent is quiet) handed to `send`, until
+    cancelled. A failing `send` is logged and the stream goes on: one bad packet must not end a call."""
+    clock = FrameClock()
+    failures = 0
+    while True:
+        await clock.tick()
+        try:
+            send(pull())
+        except Exception:
+            failures += 1
+            if failures == 1 or failures % 500 == 0:
+                event(log, "send_failed", logging.WARNING, call_id=call_id, failures=failures)
