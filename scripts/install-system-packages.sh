@@ -2,8 +2,10 @@
 # Installs the Debian packages parley's tests and tools use, only those that are missing.
 #   espeak-ng, sox        speech audio for tests and benchmarks
 #   chromium(-driver)     the real browser of the browser tests
+#   baresip-core          a real SIP softphone (plays a WAV, records the reply, sends DTMF)
+#   sip-tester            SIPp, the SIP load and conformance tester
 set -euo pipefail
-packages=(espeak-ng sox chromium chromium-driver libsndfile1)
+packages=(espeak-ng sox chromium chromium-driver libsndfile1 baresip-core sip-tester)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -16,6 +19,8 @@ from parley.engines import Engines
 from parley.registry import CallRegistry
 from parley.runtime import CallRefused, Runtime
 from parley.transports.base import open_call
+from parley.transports.sip.uac import DialError, dial
+from parley.transports.sip.useragent import SipUserAgent
 from parley.transports.webrtc import WEBRTC_RATE, SignalingError, answering, configure_ice, parse_ice_servers
 
 log = logging.getLogger(__name__)
@@ -23,6 +28,9 @@ log = logging.getLogger(__name__)
 SETTINGS = web.AppKey("settings", Settings)
 RUNTIME = web.AppKey("runtime", Runtime)
 REGISTRY = web.AppKey("registry", CallRegistry)
+SIP = web.AppKey("sip", SipUserAgent)
+EVENT_STREAM_BACKLOG = 500
+EVENT_STREAM_KEEPALIVE_S = 15.0
 _ASSET_TYPES = {
     ".js": "text/javascript",
     ".css": "text/css",
@@ -128,6 +136,11 @@ async def whip_post(request: web.Request) -> web.Response:
     )
 
 
+async def end_call(request: web.Request) -> web.Response:
+    """Hang up any call, whatever its transport (a SIP call gets its BYE)."""
+    return await whip_delete(request)
+
+
 async def whip_delete(request: web.Request) -> web.Response:
     _authorise(request)
     call_id = request.match_info["call_id"]
@@ -147,6 +160,67 @@ async def get_call(request: web.Request) -> web.Response:
     if call is None:
         raise ApiError(404, "no such call")
     return web.json_response(call.details())
+
+
+async def call_events(request: web.Request) -> web.StreamResponse:
+    """The call's events as they happen (Server-Sent Events), whatever its transport: the same JSON
+    the browser page gets over its data channel. Ends when the call ends."""
+    _authorise(request)
+    call = request.app[REGISTRY].get(request.match_info["call_id"])
+    if call is None:
+        raise ApiError(404, "no such call")
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=EVENT_STREAM_BACKLOG)
+
+    def enqueue(payload: dict[str, Any]) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # a reader that cannot keep up loses events
+            queue.put_nowait(payload)
+
+    def from_any_thread(payload: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(enqueue, payload)
+
+    unwatch = call.watch(from_any_thread)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    try:
+        await response.prepare(request)
+        await response.write(f"data: {json.dumps({'type': 'state', 'state': call.state})}\n\n".encode())
+        while not call.ended or not queue.empty():
+            try:
+                payload = await asyncio.wait_for(queue.get(), EVENT_STREAM_KEEPALIVE_S)
+            except TimeoutError:
+                await response.write(b": keep-alive\n\n")
+                continue
+            await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        unwatch()
+    return response
+
+
+async def dial_sip(request: web.Request) -> web.Response:
+    """`{"to": "sip:user@host:port"}`: the agent calls out; 202 with the call's id while it rings."""
+    _authorise(request)
+    ua = request.app.get(SIP)
+    if ua is None:
+        raise ApiError(409, "SIP is off (--sip off)")
+    try:
+        data = json.loads(await _read_body(request))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "the body must be JSON") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("to"), str):
+        raise ApiError(400, 'expected {"to": "sip:user@host:port"}')
+    try:
+        call = await dial(ua, data["to"])
+    except DialError as exc:
+        raise ApiError(400, str(exc)) from exc
+    except CallRefused as exc:
+        raise refusal(exc) from exc
+    return web.json_response(
+        {"call_id": call.call_id, "state": call.state},
+        status=202,
+        headers={"Location": f"/api/calls/{call.call_id}"},
+    )
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -188,6 +262,8 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
     app[SETTINGS] = settings
     app[RUNTIME] = runtime
     app[REGISTRY] = runtime.registry
+    if settings.sip != "off":
+        app[SIP] = SipUserAgent(runtime)
     configure_ice(settings.ice_addresses)
     parse_ice_servers(settings.ice_servers)  # a bad URL fails at start, not at the first call
 
@@ -198,7 +274,10 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
     app.router.add_post("/whip", whip_post)
     app.router.add_delete("/whip/{call_id}", whip_delete)
     app.router.add_get("/api/calls", list_calls)
+    app.router.add_post("/api/calls/sip", dial_sip)
     app.router.add_get("/api/calls/{call_id}", get_call)
+    app.router.add_delete("/api/calls/{call_id}", end_call)
+    app.router.add_get("/api/calls/{call_id}/events", call_events)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)
@@ -210,8 +289,17 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
 
 
 async def _start(app: web.Application) -> None:
-    app[RUNTIME].start_loading()
+    runtime = app[RUNTIME]
+    runtime.start_loading()
+    ua = app.get(SIP)
+    if ua is not None:
+        await ua.start()
 
 
 async def _stop(app: web.Application) -> None:
-    await app[RUNTIME].close()
+    runtime = app[RUNTIME]
+    await runtime.registry.end_all("shutdown")  # while SIP is still up: the calls' BYEs go out
+    ua = app.get(SIP)
+    if ua is not None:
+        await ua.close()
+    await runtime.close()

@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -83,6 +84,7 @@ class Call:
         self.conversation = Conversation(settings.system_prompt, settings.history_turns)
         self.outbound = Outbound(outbound_rate, gate=self._may_play, listener=self)
         self._listener: CallListener | None = None
+        self._watchers: list[Callable[[dict[str, Any]], None]] = []
         self._resampler: StreamResampler | None = None
         self._lock = threading.Lock()
         self._turn_numbers = itertools.count(1)
@@ -184,11 +186,21 @@ class Call:
         self.emit({"type": "dtmf", "digit": digit})
         self.vad_in.put(KeypadDigit(digit))
 
+    def watch(self, watcher: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """Also hear this call's events (e.g. an operator's event stream); returns how to stop."""
+        self._watchers = [*self._watchers, watcher]
+
+        def unwatch() -> None:
+            self._watchers = [w for w in self._watchers if w is not watcher]
+
+        return unwatch
+
     def emit(self, payload: dict[str, Any]) -> None:
-        listener = self._listener
-        if listener is not None:
+        for deliver in (self._listener.deliver_event if self._listener else None, *self._watchers):
+            if deliver is None:
+                continue
             try:
-                listener.deliver_event(payload)
+                deliver(payload)
             except Exception:
                 log.exception("event_delivery_failed", extra={"call_id": self.call_id})
 

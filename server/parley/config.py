@@ -70,6 +70,37 @@ class Settings:
     ice_servers: tuple[str, ...] = field(
         default=(), metadata=_opt("STUN/TURN URLs (comma list; turn:user:pass@host:port)", "webrtc")
     )
+    # SIP (phone trunks) and RTP
+    sip: str = field(
+        default="127.0.0.1:5060",
+        metadata=_opt("HOST:PORT the SIP user agent listens on (UDP and TCP), or 'off'", "sip"),
+    )
+    sip_public_address: str = field(
+        default="",
+        metadata=_opt("address put in Contact, Via and SDP for peers behind NAT ('' = bound address)", "sip"),
+    )
+    sip_allow: tuple[str, ...] = field(
+        default=(), metadata=_opt("source addresses or CIDR networks allowed to send SIP (empty: any)", "sip")
+    )
+    sip_auth_user: str = field(
+        default="",
+        metadata=_opt("digest user callers must authenticate as, and used when a peer challenges us", "sip"),
+    )
+    sip_auth_password: str = field(default="", metadata=_opt("digest password for --sip-auth-user", "sip"))
+    sip_realm: str = field(default="parley", metadata=_opt("digest realm of our challenges", "sip"))
+    sip_caller_id: str = field(default="parley", metadata=_opt("user part of From on outbound calls", "sip"))
+    sip_ring_ms: int = field(
+        default=0, metadata=_opt("an incoming SIP call rings this long before the agent answers", "sip")
+    )
+    sip_ring_timeout_s: float = field(
+        default=30.0, metadata=_opt("an outbound call not answered within this fails (no_answer)", "sip")
+    )
+    rtp_ports: str = field(
+        default="20000-29999", metadata=_opt("UDP port range for RTP (even ports; RTCP +1)", "sip")
+    )
+    rtp_timeout_s: float = field(
+        default=30.0, metadata=_opt("a SIP call with no RTP for this long is ended (0: never)", "sip")
+    )
     # engines
     device: str = field(default="auto", metadata=_opt("where models run", "engines", ("auto", "cpu", "cuda")))
     cache_dir: str = field(
@@ -264,6 +295,9 @@ def validate(settings: Settings) -> None:
         raise SettingsError(f"device must be auto, cpu or cuda, not {settings.device!r}")
     if settings.llm_runtime not in ("ctranslate2", "transformers"):
         raise SettingsError(f"llm_runtime must be ctranslate2 or transformers, not {settings.llm_runtime!r}")
+    if settings.sip != "off":
+        sip_address(settings.sip)
+    rtp_port_range(settings.rtp_ports)
     if settings.max_calls < 1:
         raise SettingsError("max_calls must be at least 1")
     if not 0.0 < settings.vad_threshold < 1.0:
@@ -271,3 +305,22 @@ def validate(settings: Settings) -> None:
     for name in ("min_speech_ms", "end_of_turn_ms", "blip_silence_ms", "backchannel_max_ms"):
         if getattr(settings, name) <= 0:
             raise SettingsError(f"{name} must be positive")
+
+
+def sip_address(value: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 in brackets) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SettingsError(f"sip must be HOST:PORT or 'off', not {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def rtp_port_range(value: str) -> tuple[int, int]:
+    """`LOW-HIGH` -> (low, high), an even low and room for at least one RTP/RTCP pair."""
+    low, sep, high = value.partition("-")
+    if not sep or not low.isdigit() or not high.isdigit():
+        raise SettingsError(f"rtp_ports must be LOW-HIGH, not {value!r}")
+    lo, hi = int(low), int(high)
+    if not 1024 <= lo < hi < 65536:
+        raise SettingsError(f"rtp_ports {value!r} must lie within 1024-65535, low below high")
+    return lo + lo % 2, hi

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -84,10 +86,18 @@ TRANSPORT_ERRORS_TOTAL = Counter(
     ["transport", "reason"],
     registry=REGISTRY,
 )
+SIP_DIALOGS = Gauge("parley_sip_dialogs", "SIP dialogs (calls) the user agent holds", registry=REGISTRY)
+SIP_TRANSACTIONS = Gauge(
+    "parley_sip_transactions", "SIP transactions in progress (retransmission state)", registry=REGISTRY
+)
 DTMF_DIGITS_TOTAL = Counter(
     "parley_dtmf_digits_total", "Keypad digits received", ["transport"], registry=REGISTRY
 )
 ENGINE_ERRORS_TOTAL = Counter("parley_engine_errors_total", "Engine failures", ["engine"], registry=REGISTRY)
+CALL_THREADS = Gauge(
+    "parley_call_threads", "Stage threads of calls still alive (0 when no call runs)", registry=REGISTRY
+)
+CALL_THREADS.set_function(lambda: sum(t.name.startswith("c-") for t in threading.enumerate()))
 MODELS_READY = Gauge("parley_models_ready", "1 once every model is loaded", registry=REGISTRY)
 
 for _outcome in ("confirmed", "cancelled", "timeout"):

@@ -18,7 +18,7 @@ from tests.doubles import make_engines
 @contextlib.asynccontextmanager
 async def service_with_test_engines(**settings: object) -> AsyncIterator[str]:
     """The real app and WebRTC transport on loopback, with fast test engines; yields its URL."""
-    app = create_app(Settings(ice_addresses=("127.0.0.1",), **settings), engines=make_engines())
+    app = create_app(Settings(ice_addresses=("127.0.0.1",), sip="off", **settings), engines=make_engines())
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:

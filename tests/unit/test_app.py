@@ -30,7 +30,7 @@ async def client_for(settings: Settings) -> TestClient:  # type: ignore[type-arg
 
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
-    c = await client_for(Settings(max_body_bytes=4096))
+    c = await client_for(Settings(max_body_bytes=4096, sip="off"))
     yield c
     await c.close()
 
@@ -90,7 +90,7 @@ async def test_whip_wants_sdp_and_unknown_calls_are_404(client) -> None:  # type
 
 
 async def test_a_token_guards_signaling_and_the_api() -> None:
-    c = await client_for(Settings(token="s3cret"))
+    c = await client_for(Settings(token="s3cret", sip="off"))
     try:
         assert (await c.get("/api/calls")).status == 401
         assert (await c.post("/offer", json={"sdp": "v=0", "type": "offer"})).status == 401

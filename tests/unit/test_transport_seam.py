@@ -38,7 +38,7 @@ async def connect(call: Call, hang_up: HangUp) -> RecordingTransport:
 
 
 async def test_a_call_opens_on_any_transport_and_its_hang_up_ends_it() -> None:
-    runtime = Runtime(Settings(greeting="Hello."), make_engines())
+    runtime = Runtime(Settings(greeting="Hello.", sip="off"), make_engines())
     call, transport = await open_call(runtime, "sip", 8000, connect)
     try:
         assert call.transport == "sip" and call.outbound.rate == 8000
@@ -57,7 +57,7 @@ async def test_a_call_opens_on_any_transport_and_its_hang_up_ends_it() -> None:
 
 
 async def test_calls_beyond_capacity_are_refused_for_every_transport() -> None:
-    runtime = Runtime(Settings(greeting="", max_calls=1), make_engines())
+    runtime = Runtime(Settings(greeting="", max_calls=1, sip="off"), make_engines())
     try:
         await open_call(runtime, "sip", 8000, connect)
         with pytest.raises(CallRefused) as refused:
@@ -68,14 +68,14 @@ async def test_calls_beyond_capacity_are_refused_for_every_transport() -> None:
 
 
 async def test_calls_are_refused_while_the_models_load() -> None:
-    runtime = Runtime(Settings())
+    runtime = Runtime(Settings(sip="off"))
     with pytest.raises(CallRefused) as refused:
         await open_call(runtime, "sip", 8000, connect)
     assert refused.value.reason == "loading"
 
 
 async def test_a_call_set_up_while_the_service_shuts_down_is_closed_not_started() -> None:
-    runtime = Runtime(Settings(greeting=""), make_engines())
+    runtime = Runtime(Settings(greeting="", sip="off"), make_engines())
     started = asyncio.Event()
     release = asyncio.Event()
     made: list[RecordingTransport] = []

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from parley.bench.caller import Caller
 from parley.bench.service import Service
+from parley.bench.sip_caller import SipCaller
 
 QUESTIONS = (
     "what is the weather like in paris today",
@@ -21,6 +23,33 @@ QUESTIONS = (
     "what is the capital city of japan",
     "can you help me plan a short trip",
 )
+
+
+def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--transport",
+        choices=("webrtc", "sip"),
+        default="webrtc",
+        help="how the caller calls (default webrtc)",
+    )
+    parser.add_argument("--sip-uri", default="", help="with --url and --transport sip: the service's SIP URI")
+
+
+@contextlib.asynccontextmanager
+async def caller_for(
+    args: argparse.Namespace, url: str, service: Service | None
+) -> AsyncIterator[Caller | SipCaller]:
+    """A connected caller over the chosen transport, hung up on exit."""
+    caller: Caller | SipCaller
+    if getattr(args, "transport", "webrtc") == "sip":
+        sip_uri = args.sip_uri or (service.sip_uri if service else "")
+        if not sip_uri:
+            raise SystemExit("--transport sip with --url needs --sip-uri")
+        caller = SipCaller(url, sip_uri)
+    else:
+        caller = Caller(url)
+    async with caller:
+        yield caller
 
 
 @contextlib.contextmanager

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from parley.bench import percentiles, progress
-from parley.bench.caller import Caller
-from parley.bench.common import service_for
+from parley.bench.common import add_transport_arguments, caller_for, service_for
+from parley.bench.listening import Ears
 from parley.bench.speech import cough, espeak, join, silence_ms, trim
 
 NAME = "interruption"
@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pauses", type=int, default=10, help="mid-sentence pause trials (default 10)")
     parser.add_argument("--pause-ms", type=int, default=400, help="the pause in those trials (default 400)")
     parser.add_argument("--seed", type=int, default=7)
+    add_transport_arguments(parser)
 
 
 def speech_onset_s(pcm: np.ndarray, rate: int = 16000) -> float:
@@ -52,20 +53,20 @@ def speech_onset_s(pcm: np.ndarray, rate: int = 16000) -> float:
     return 0.0
 
 
-async def _reply_playing(caller: Caller, prompt: str) -> float:
+async def _reply_playing(caller: Ears, prompt: str) -> float:
     """Ask for a reply and return once its audio has been playing for a moment."""
     _, spoken_end = await caller.say(espeak(prompt))
     started = await caller.wait_for_audio(after=spoken_end, timeout=30)
     return started
 
 
-async def _settle(caller: Caller) -> None:
+async def _settle(caller: Ears) -> None:
     """Wait until the agent has been quiet for a while (its answer to the last turn included)."""
     await caller.wait_for_silence(after=time.monotonic(), hold_s=1.5, timeout=60)
 
 
 async def barge_in_trial(
-    caller: Caller, prompt: str, delay_s: float, clip: np.ndarray
+    caller: Ears, prompt: str, delay_s: float, clip: np.ndarray
 ) -> dict[str, Any] | None:
     started = await _reply_playing(caller, prompt)
     await asyncio.sleep(delay_s)
@@ -91,7 +92,7 @@ async def barge_in_trial(
     }
 
 
-async def blip_trial(caller: Caller, prompt: str, delay_s: float, noise: np.ndarray) -> dict[str, Any] | None:
+async def blip_trial(caller: Ears, prompt: str, delay_s: float, noise: np.ndarray) -> dict[str, Any] | None:
     started = await _reply_playing(caller, prompt)
     await asyncio.sleep(delay_s)
     blip_start, _ = await caller.say(noise)
@@ -111,7 +112,7 @@ PAUSED_QUESTIONS = (
 )
 
 
-async def pause_trial(caller: Caller, first: np.ndarray, rest: np.ndarray, pause_ms: int) -> dict[str, Any]:
+async def pause_trial(caller: Ears, first: np.ndarray, rest: np.ndarray, pause_ms: int) -> dict[str, Any]:
     """A question with a pause in the middle: it must get one reply, to the whole question."""
     _, asked = await caller.say(join(first, silence_ms(pause_ms), rest, silence_ms(200)))
     done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
@@ -132,8 +133,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     stops: list[dict[str, Any]] = []
     blips: list[dict[str, Any]] = []
     pauses: list[dict[str, Any]] = []
-    with service_for(args) as (url, _service):
-        async with Caller(url) as caller:
+    with service_for(args) as (url, service):
+        async with caller_for(args, url, service) as caller:
             await caller.wait_for_event("agent_done", timeout=30, turn_id="greeting")
             attempts = 0
             while len(stops) < args.trials and attempts < args.trials * 3:

@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 from parley.bench import percentiles, progress
-from parley.bench.caller import Caller
-from parley.bench.common import QUESTIONS, service_for
+from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for
 from parley.bench.cpu import cpu_seconds, rss_mb
+from parley.bench.service import Service
 from parley.bench.speech import espeak, trim
 
 NAME = "response"
@@ -24,19 +24,23 @@ HELP = "end of the caller's speech -> first reply audio at the caller"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=10, help="questions asked (default 10)")
+    add_transport_arguments(parser)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with service_for(args) as (url, service):
-        return await measure(url, args.trials, service.process.pid if service and service.process else None)
+        pid = service.process.pid if service and service.process else None
+        return await measure(args, url, service, args.trials, pid)
 
 
-async def measure(url: str, trials: int, server_pid: int | None = None) -> dict[str, Any]:
+async def measure(
+    args: argparse.Namespace, url: str, service: Service | None, trials: int, server_pid: int | None = None
+) -> dict[str, Any]:
     # Trimmed: the clock starts when the speech ends, not after the silence espeak-ng appends.
     clips = [trim(espeak(QUESTIONS[i % len(QUESTIONS)])) for i in range(trials)]
     rows: list[dict[str, Any]] = []
     idle_rss = rss_mb(server_pid) if server_pid else None
-    async with Caller(url) as caller:
+    async with caller_for(args, url, service) as caller:
         await caller.wait_for_event("agent_done", timeout=30, turn_id="greeting")
         cpu_start, wall_start = (cpu_seconds(server_pid) if server_pid else 0.0), time.monotonic()
         for i, clip in enumerate(clips):

@@ -17,10 +17,17 @@ from typing import IO, Any
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback port free for both TCP and UDP (SIP listens on both)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            tcp.bind(("127.0.0.1", 0))
+            port: int = tcp.getsockname()[1]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                try:
+                    udp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
 
 
 class Service:
@@ -28,8 +35,20 @@ class Service:
         self, args: Sequence[str] = (), *, env: dict[str, str] | None = None, log_path: Path | None = None
     ):
         self.port = free_port()
+        self.sip_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.args = ["--host", "127.0.0.1", "--port", str(self.port), "--ice-addresses", "127.0.0.1", *args]
+        self.sip_uri = f"sip:parley@127.0.0.1:{self.sip_port}"
+        self.args = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--ice-addresses",
+            "127.0.0.1",
+            "--sip",
+            f"127.0.0.1:{self.sip_port}",
+            *args,
+        ]
         self.env = {**os.environ, **(env or {})}
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None

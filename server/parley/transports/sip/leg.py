@@ -1,0 +1,173 @@
+"""One SIP call's transport: its dialog and RTP stream, carrying audio for a Call both ways.
+
+The agent's voice is pulled from the call's Outbound every 20 ms and sent as RTP (silence included, so
+the peer's jitter buffer and the RTP clock run on); caller audio and RFC 4733 digits go to the Call.
+The leg ends the call when the peer hangs up, when no RTP arrives for --rtp-timeout-s, or when our 2xx
+is never acknowledged; when the call ends from our side, it says BYE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from parley import metrics
+from parley.call import Call
+from parley.log import event
+from parley.transports.base import HangUp, send_paced
+from parley.transports.sip.dialog import Dialog
+from parley.transports.sip.media import RtpStream
+from parley.transports.sip.message import SipRequest, SipResponse
+from parley.transports.sip.transactions import T1, T2, TIMEOUT, Peer
+
+log = logging.getLogger(__name__)
+
+SIP_RATE = 8000
+WATCH_INTERVAL_S = 1.0
+BYE_TIMEOUT_S = 5.0
+
+
+class LegOwner(Protocol):
+    """What a leg needs from its user agent."""
+
+    def send(self, message: SipRequest | SipResponse, peer: Peer) -> None: ...
+
+    async def request_in_dialog(self, dialog: Dialog, request: SipRequest) -> SipResponse: ...
+
+    def forget(self, leg: SipLeg) -> None: ...
+
+
+class SipLeg:
+    def __init__(
+        self,
+        owner: LegOwner,
+        call: Call,
+        dialog: Dialog,
+        rtp: RtpStream,
+        hang_up: HangUp,
+        rtp_timeout_s: float,
+    ) -> None:
+        self.owner = owner
+        self.call = call
+        self.dialog = dialog
+        self.rtp = rtp
+        self.hang_up = hang_up
+        self.rtp_timeout_s = rtp_timeout_s
+        self.local_sdp = ""  # our last offer or answer, offered again to a re-INVITE without SDP
+        self.sdp_session = int(time.time())
+        self.sdp_version = 1
+        self.remote_ended = False
+        self._unacked: tuple[SipResponse, Peer, int] | None = None  # our 2xx, retransmitted until ACK
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def call_id(self) -> str:
+        return self.call.call_id
+
+    # the Transport protocol
+
+    def deliver_event(self, payload: dict[str, Any]) -> None:
+        """A phone has no page: the events reach operators through the logs and the call's record."""
+
+    def audio_flushed(self) -> None:
+        """Nothing to do: the next frame the sender pulls is already silence."""
+
+    async def close(self) -> None:
+        """End the leg (idempotent): stop the media, and say BYE unless the peer already hung up."""
+        if self._closed:
+            return
+        self._closed = True
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.rtp.close()
+        if not self.remote_ended and (self.dialog.confirmed or self._unacked is not None):
+            await self._say_bye()
+        self.owner.forget(self)
+
+    async def _say_bye(self) -> None:
+        try:
+            response = await asyncio.wait_for(
+                self.owner.request_in_dialog(self.dialog, self.dialog.request("BYE")), BYE_TIMEOUT_S
+            )
+            event(log, "sip_bye_sent", call_id=self.call_id, status=response.status)
+        except (TimeoutError, asyncio.CancelledError, OSError):
+            event(log, "sip_bye_unanswered", logging.WARNING, call_id=self.call_id)
+
+    # media
+
+    def start_media(self) -> None:
+        self._spawn(send_paced(self.call.outbound.pull_frame, self.rtp.send_frame, call_id=self.call_id))
+        if self.rtp_timeout_s > 0:
+            self._spawn(self._watch_rtp())
+
+    async def _watch_rtp(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            silent_s = time.monotonic() - self.rtp.last_received
+            if silent_s > self.rtp_timeout_s and self.rtp.remote is not None:
+                metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="sip", reason="rtp_timeout").inc()
+                event(log, "rtp_timeout", logging.WARNING, call_id=self.call_id, silent_s=round(silent_s, 1))
+                self.hang_up("rtp_timeout")
+                return
+
+    # the 2xx until its ACK (RFC 3261 13.3.1.4)
+
+    def await_ack(self, response: SipResponse, peer: Peer) -> None:
+        """Our 2xx went out (by its transaction): send it again until its ACK comes, or give up."""
+        self._unacked = (response, peer, response.cseq[0])
+        if not peer.reliable:
+            self._spawn(self._retransmit_2xx(response, peer))
+        else:
+            self._spawn(self._await_ack())
+
+    @property
+    def has_pending_2xx(self) -> bool:
+        return self._unacked is not None
+
+    def on_ack(self, cseq: int) -> bool:
+        """An ACK arrived; True when it acknowledged our pending 2xx."""
+        if self._unacked is None or self._unacked[2] != cseq:
+            return False
+        self._unacked = None
+        self.dialog.confirmed = True
+        return True
+
+    async def _retransmit_2xx(self, response: SipResponse, peer: Peer) -> None:
+        interval, waited = T1, 0.0
+        while waited < TIMEOUT:
+            await asyncio.sleep(interval)
+            waited += interval
+            if self._unacked is None or self._unacked[0] is not response:
+                return
+            self.owner.send(response, peer)
+            interval = min(2 * interval, T2)
+        self._no_ack(response)
+
+    async def _await_ack(self) -> None:
+        pending = self._unacked
+        await asyncio.sleep(TIMEOUT)
+        if pending is not None and self._unacked is pending:
+            self._no_ack(pending[0])
+
+    def _no_ack(self, response: SipResponse) -> None:
+        if self._unacked is None or self._unacked[0] is not response:
+            return
+        metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="sip", reason="no_ack").inc()
+        event(log, "sip_no_ack", logging.WARNING, call_id=self.call_id)
+        self.dialog.confirmed = True  # 13.3.1.4: the dialog is then ended with a BYE
+        self.hang_up("no_ack")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,186 @@
+"""Outbound SIP calls (UAC): the agent dials a number or a SIP address and speaks first when answered.
+
+`dial` returns the new call's id as soon as the call exists; the INVITE goes on in the background.
+Busy, no answer (within --sip-ring-timeout-s, then CANCEL), and refusals end the call with that outcome,
+which its record and `parley_calls_total{transport="sip",outcome}` keep. A 401/407 is answered once
+with digest credentials (--sip-auth-user / --sip-auth-password).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+
+from parley.call import Call
+from parley.log import event
+from parley.transports.base import CallSetupFailed, HangUp, open_call
+from parley.transports.sip.dialog import Dialog
+from parley.transports.sip.digest import authorization_for
+from parley.transports.sip.leg import SIP_RATE, SipLeg
+from parley.transports.sip.media import RtpStream
+from parley.transports.sip.message import SipRequest, SipResponse, new_branch, new_call_id, new_tag
+from parley.transports.sip.sdp import SdpError, negotiated_from_answer, offer, parse_sdp
+from parley.transports.sip.transactions import ClientTransaction, Peer
+from parley.transports.sip.uri import SipError, SipUri, bare_host
+from parley.transports.sip.useragent import ALLOW, SipUserAgent
+
+log = logging.getLogger(__name__)
+
+CANCEL_WAIT_S = 5.0
+
+
+class DialError(ValueError):
+    """The destination cannot be dialled (the API answers 400)."""
+
+
+def parse_destination(to: str) -> SipUri:
+    try:
+        uri = SipUri.parse(to)
+    except SipError as exc:
+        raise DialError(f"not a SIP URI: {exc}") from None
+    if uri.scheme != "sip" or not uri.host:
+        raise DialError("the destination must be a sip: URI with a host, e.g. sip:alice@192.0.2.10:5060")
+    if uri.params.get("transport", "udp").lower() not in ("udp", "tcp"):
+        raise DialError("only UDP and TCP are supported")
+    return uri
+
+
+async def dial(ua: SipUserAgent, to: str) -> Call:
+    """Start an outbound call; returns once the call exists (dialling). Raises DialError or CallRefused."""
+    uri = parse_destination(to)
+    created: asyncio.Future[Call] = asyncio.get_running_loop().create_future()
+
+    async def connect(call: Call, hang_up: HangUp) -> SipLeg:
+        created.set_result(call)
+        call.called = str(uri)
+        call.caller = f"sip:{ua.settings.sip_caller_id}@{ua.sent_by()}"
+        call.set_state("dialing")
+        rtp = await RtpStream.open(
+            ua.rtp_host(),
+            ua.rtp_ports,
+            on_audio=functools.partial(call.push_audio, rate=SIP_RATE),
+            on_dtmf=call.dtmf_received,
+        )
+        try:
+            return await _invite(ua, call, hang_up, uri, rtp)
+        except BaseException:
+            rtp.close()
+            raise
+
+    async def run() -> None:
+        try:
+            await open_call(ua.runtime, "sip", SIP_RATE, connect)
+        except CallSetupFailed as exc:
+            event(log, "sip_dial_failed", call_id=created.result().call_id, outcome=exc.outcome, why=str(exc))
+        except Exception as exc:
+            if not created.done():
+                created.set_exception(exc)
+                return
+            log.exception("sip_dial_error", extra={"call_id": created.result().call_id})
+
+    ua.spawn(run())
+    return await created
+
+
+async def _invite(ua: SipUserAgent, call: Call, hang_up: HangUp, uri: SipUri, rtp: RtpStream) -> SipLeg:
+    transport = uri.params.get("transport", "udp").upper()
+    peer = Peer(transport, bare_host(uri.host), uri.port or 5060)
+    contact = ua.contact(transport)
+    session = int(time.time())
+    sdp = offer(address=ua.public_host, port=rtp.local_port, session_id=session, session_version=1)
+    invite = _initial_invite(ua, uri, transport, contact, sdp)
+    settings = ua.settings
+    for attempt in range(2):
+        tx = ua.layer.start_client(invite, peer, functools.partial(_provisional, call))
+        response = await _final_or_cancel(ua, tx, peer, settings.sip_ring_timeout_s)
+        if response.status in (401, 407) and attempt == 0 and settings.sip_auth_user:
+            invite = _with_credentials(invite, response, settings.sip_auth_user, settings.sip_auth_password)
+            continue
+        break
+    if response.status >= 300:
+        raise CallSetupFailed(_outcome(response.status), f"{response.status} {response.reason}")
+    dialog = Dialog.as_uac(invite, response, contact, ua.sent_by(), peer)
+    tx.ack = dialog.ack(invite.cseq[0])
+    ua.send(tx.ack, dialog.next_hop())
+    leg = SipLeg(ua, call, dialog, rtp, hang_up, settings.rtp_timeout_s)
+    leg.local_sdp, leg.sdp_session = sdp, session
+    ua.legs[dialog.id] = leg
+    try:
+        negotiated = negotiated_from_answer(sdp, parse_sdp(response.body.decode("utf-8", errors="replace")))
+    except SdpError as exc:
+        await leg.close()  # says BYE: the peer answered with media we cannot use
+        raise CallSetupFailed("failed", f"unusable SDP answer: {exc}") from None
+    rtp.configure(negotiated)
+    leg.start_media()
+    event(log, "sip_dial_answered", call_id=call.call_id, to=str(uri), codec=negotiated.codec)
+    return leg
+
+
+def _initial_invite(ua: SipUserAgent, uri: SipUri, transport: str, contact: str, sdp: str) -> SipRequest:
+    invite = SipRequest("INVITE", str(uri))
+    invite.headers.add("Via", f"SIP/2.0/{transport} {ua.sent_by()};branch={new_branch()};rport")
+    invite.headers.add("Max-Forwards", "70")
+    invite.headers.add("From", f"<sip:{ua.settings.sip_caller_id}@{ua.sent_by()}>;tag={new_tag()}")
+    to = SipUri(uri.host, uri.user, uri.port)  # the address of record, without URI parameters
+    invite.headers.add("To", f"<{to}>")
+    invite.headers.add("Call-ID", new_call_id(ua.public_host))
+    invite.headers.add("CSeq", "1 INVITE")
+    invite.headers.add("Contact", contact)
+    invite.headers.add("Allow", ALLOW)
+    invite.headers.add("Content-Type", "application/sdp")
+    invite.body = sdp.encode()
+    return invite
+
+
+def _with_credentials(invite: SipRequest, challenge: SipResponse, user: str, password: str) -> SipRequest:
+    """The INVITE again with credentials (22.2): a new branch and the next CSeq."""
+    header = "WWW-Authenticate" if challenge.status == 401 else "Proxy-Authenticate"
+    value = challenge.required(header)
+    again = SipRequest("INVITE", invite.uri, invite.headers.copy(), invite.body)
+    via = again.headers.get_all("Via")[0]
+    again.headers.set("Via", via.split(";branch=")[0] + f";branch={new_branch()};rport")
+    again.headers.set("CSeq", f"{invite.cseq[0] + 1} INVITE")
+    answer_header = "Authorization" if challenge.status == 401 else "Proxy-Authorization"
+    again.headers.set(answer_header, authorization_for(value, "INVITE", invite.uri, user, password))
+    return again
+
+
+async def _final_or_cancel(ua: SipUserAgent, tx: ClientTransaction, peer: Peer, ring_s: float) -> SipResponse:
+    """The INVITE's final response; after `ring_s` without one, CANCEL (9.1) and wait for the 487."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(tx.final), ring_s)
+    except TimeoutError:
+        pass
+    cancel = SipRequest("CANCEL", tx.request.uri)
+    cancel.headers.add("Via", tx.request.headers.get_all("Via")[0])
+    for name in ("Max-Forwards", "From", "To", "Call-ID"):
+        cancel.headers.add(name, tx.request.required(name))
+    cancel.headers.add("CSeq", f"{tx.request.cseq[0]} CANCEL")
+    ua.spawn(_send_cancel(ua, cancel, peer))
+    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        response = await asyncio.wait_for(asyncio.shield(tx.final), CANCEL_WAIT_S)
+        if response.status < 300:
+            return response  # answered while the CANCEL crossed it: the call goes ahead
+    raise CallSetupFailed("no_answer", f"no answer within {ring_s:g} s")
+
+
+async def _send_cancel(ua: SipUserAgent, cancel: SipRequest, peer: Peer) -> None:
+    await ua.layer.request(cancel, peer)
+
+
+def _provisional(call: Call, response: SipResponse) -> None:
+    if response.status in (180, 183):
+        call.set_state("ringing")
+
+
+def _outcome(status: int) -> str:
+    if status in (486, 600):
+        return "busy"
+    if status in (408, 480):
+        return "no_answer"
+    if status == 487:
+        return "cancelled"
+    return "rejected"
