@@ -1,4 +1,5 @@
-"""PiperTts: the packaged voice, streamed sentence by sentence, intelligible to Whisper."""
+"""Piper with the packaged voice, streamed sentence by sentence, intelligible to Whisper; repeated sentences
+from the phrase cache."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ import pytest
 from parley.audio import PIPELINE_RATE, resample
 from parley.config import DEFAULT_GREETING, Settings
 from parley.engines.stt import SttEngine
-from parley.engines.tts import PiperTts, load_tts, voice_files
+from parley.engines.tts import PhraseCache, load_tts, voice_files
 from tests.unit.test_engines_speech import normalise
 
 SENTENCE = "The weather in Paris is sunny and warm today."
 
 
 @pytest.fixture(scope="module")
-def tts() -> PiperTts:
+def tts() -> PhraseCache:
     return load_tts(Settings())
 
 
@@ -27,7 +28,7 @@ def rms(audio: np.ndarray) -> float:
     return float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
 
 
-def test_a_sentence_gives_int16_audio_of_plausible_length(tts: PiperTts) -> None:
+def test_a_sentence_gives_int16_audio_of_plausible_length(tts: PhraseCache) -> None:
     started = time.perf_counter()
     chunks = []
     first_audio_s = None
@@ -44,7 +45,7 @@ def test_a_sentence_gives_int16_audio_of_plausible_length(tts: PiperTts) -> None
     print(f"first audio after {first_audio_s:.3f}s, {seconds:.2f}s of speech")
 
 
-def test_each_sentence_is_streamed_as_soon_as_it_is_ready(tts: PiperTts) -> None:
+def test_each_sentence_is_streamed_as_soon_as_it_is_ready(tts: PhraseCache) -> None:
     stream = tts.synthesize(
         "Hello there. This is the second sentence, which is a good deal longer than the first."
     )
@@ -55,12 +56,12 @@ def test_each_sentence_is_streamed_as_soon_as_it_is_ready(tts: PiperTts) -> None
     assert first.size < sum(c.size for c in rest)
 
 
-def test_text_without_words_gives_no_audio(tts: PiperTts) -> None:
+def test_text_without_words_gives_no_audio(tts: PhraseCache) -> None:
     assert list(tts.synthesize("")) == []
     assert list(tts.synthesize("  ... ")) == []
 
 
-def test_whisper_hears_what_piper_said(tts: PiperTts, whisper: SttEngine) -> None:
+def test_whisper_hears_what_piper_said(tts: PhraseCache, whisper: SttEngine) -> None:
     # Piper varies its timing from run to run (noise in the duration model): try it twice.
     for _ in range(2):
         audio = resample(
@@ -70,7 +71,7 @@ def test_whisper_hears_what_piper_said(tts: PiperTts, whisper: SttEngine) -> Non
         assert normalise(whisper.transcribe(audio).text) == normalise(DEFAULT_GREETING)
 
 
-def test_concurrent_callers_all_get_whole_audio(tts: PiperTts) -> None:
+def test_concurrent_callers_all_get_whole_audio(tts: PhraseCache) -> None:
     expected = np.concatenate(list(tts.synthesize(SENTENCE)))
     results: list[np.ndarray] = [np.zeros(0, dtype=np.int16)] * 3
 
@@ -100,3 +101,22 @@ def test_voice_paths(tmp_path: Path) -> None:
         voice_files(str(lonely))
     with pytest.raises(FileNotFoundError):
         voice_files(str(tmp_path / "missing.onnx"))
+
+
+def test_a_repeated_sentence_comes_from_the_phrase_cache_at_once(tts: PhraseCache) -> None:
+    sentence = "Thank you for calling, have a lovely day."
+    first = list(tts.synthesize(sentence))
+    started = time.perf_counter()
+    again = list(tts.synthesize(sentence))
+    assert time.perf_counter() - started < 0.01
+    assert len(again) == len(first) and all(np.array_equal(a, b) for a, b in zip(again, first, strict=True))
+
+
+def test_a_sentence_cut_short_is_not_cached(tts: PhraseCache) -> None:
+    sentence = "This one is abandoned after its first piece of audio, on purpose."
+    stream = tts.synthesize(sentence)
+    next(stream)
+    stream.close()
+    started = time.perf_counter()
+    list(tts.synthesize(sentence))
+    assert time.perf_counter() - started > 0.02  # synthesised again, not served from a partial entry

@@ -1,8 +1,9 @@
 """Capacity: what a connected call costs in media + VAD (CPU) and in memory, beyond the shared models.
 
-N callers connect and stream low-level noise (a line with nobody talking: Opus decode, resampling and
-the VAD run, no turns open). The service's CPU time and resident memory are read from /proc before and
-while they are connected, so this needs the service it starts itself.
+N callers connect and stream low-level noise (a line with nobody talking: Opus or G.711 decode,
+resampling and the VAD run, no turns open), over WebRTC or SIP (`--transport`). The service's CPU
+time and resident memory are read from /proc before and while they are connected, so this needs the
+service it starts itself.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from parley.bench.caller import Caller
-from parley.bench.common import QUESTIONS
+from parley.bench.common import QUESTIONS, add_transport_arguments, new_caller
 from parley.bench.cpu import cpu_seconds, rss_mb
 from parley.bench.service import Service
 from parley.bench.speech import espeak, trim
@@ -28,6 +28,7 @@ HELP = "media + VAD CPU per call and memory per call, with N callers connected"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--callers", type=int, default=10, help="calls connected at once (default 10)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring window (default 20)")
+    add_transport_arguments(parser)
 
 
 def line_noise(seconds: float, dbfs: float = -60.0, seed: int = 1) -> np.ndarray:
@@ -50,12 +51,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with Service(server_args, log_path=log_path) as service:
         assert service.process is not None
         pid = service.process.pid
-        async with Caller(service.base_url) as warm:  # the engines' first-use allocations, made once
+        async with new_caller(
+            args, service.base_url, service
+        ) as warm:  # the engines' first-use allocations, made once
             _, asked = await warm.say(trim(espeak(QUESTIONS[0])))
             await warm.wait_for_event("agent_done", timeout=60, after=asked)
         await asyncio.sleep(1.0)
         idle_core, idle_rss = await _window(pid, min(5.0, args.seconds))
-        callers = [Caller(service.base_url) for _ in range(args.callers)]
+        callers = [new_caller(args, service.base_url, service) for _ in range(args.callers)]
         for caller in callers:
             await caller.connect()
             caller.mic.play(line_noise(args.seconds + 30))
@@ -67,6 +70,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     per_call_core = max(1e-9, (busy_core - idle_core) / args.callers)
     per_call_mb = (busy_rss - idle_rss) / args.callers
     summary = {
+        "transport": args.transport,
         "callers": args.callers,
         "service idle (% of a core)": round(100 * idle_core, 1),
         "media + VAD per call (% of a core)": round(100 * per_call_core, 2),

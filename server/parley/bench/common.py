@@ -35,20 +35,22 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sip-uri", default="", help="with --url and --transport sip: the service's SIP URI")
 
 
+def new_caller(args: argparse.Namespace, url: str, service: Service | None) -> Caller | SipCaller:
+    """A caller (not yet connected) over the transport the benchmark was asked for."""
+    if getattr(args, "transport", "webrtc") == "sip":
+        sip_uri = getattr(args, "sip_uri", "") or (service.sip_uri if service else "")
+        if not sip_uri:
+            raise SystemExit("--transport sip with --url needs --sip-uri")
+        return SipCaller(url, sip_uri)
+    return Caller(url)
+
+
 @contextlib.asynccontextmanager
 async def caller_for(
     args: argparse.Namespace, url: str, service: Service | None
 ) -> AsyncIterator[Caller | SipCaller]:
     """A connected caller over the chosen transport, hung up on exit."""
-    caller: Caller | SipCaller
-    if getattr(args, "transport", "webrtc") == "sip":
-        sip_uri = args.sip_uri or (service.sip_uri if service else "")
-        if not sip_uri:
-            raise SystemExit("--transport sip with --url needs --sip-uri")
-        caller = SipCaller(url, sip_uri)
-    else:
-        caller = Caller(url)
-    async with caller:
+    async with new_caller(args, url, service) as caller:
         yield caller
 
 

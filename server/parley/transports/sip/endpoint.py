@@ -20,6 +20,7 @@ from parley.transports.sip.message import (
     SipResponse,
     StreamFramer,
     make_response,
+    new_tag,
     parse_message,
     response_destination,
 )
@@ -57,6 +58,10 @@ class SipEndpoint:
             self._tcp_server.close()
         for writer in list(self._connections.values()):
             writer.close()
+        if self._tasks:
+            # Let the connection readers see their end: on Python 3.11 a server connection task that
+            # is cancelled instead makes asyncio log "Exception in callback" (fixed in 3.12).
+            await asyncio.wait(list(self._tasks), timeout=1.0)
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -90,7 +95,7 @@ class SipEndpoint:
             return  # nothing to answer to (RFC 3261 18.3: discard)
         with contextlib.suppress(SipError):
             reason = str(exc).replace("\r", " ").replace("\n", " ")[:120]
-            self.send(make_response(request, exc.status, reason), peer)
+            self.send(make_response(request, exc.status, reason, to_tag=new_tag()), peer)  # 8.2.6.2
 
     # sending
 

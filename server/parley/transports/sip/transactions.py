@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from parley.transports.sip.message import SipRequest, SipResponse, make_response
+from parley.transports.sip.message import SipRequest, SipResponse, make_response, new_tag
 from parley.transports.sip.uri import SipError
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,9 @@ class ServerTransaction:
         self.peer = peer
         self.key = server_key(request)
         self.is_invite = request.method == "INVITE"
+        # 8.2.6.2: every response but a 100 to a request without a To-tag gets one; the same for all the
+        # responses of this transaction (a 180 and the 200 or 487 after it, and the CANCEL's 200, 9.2).
+        self.local_tag = new_tag()
         self.last_response: SipResponse | None = None
         self.state = "trying"  # trying | proceeding | accepted | completed | confirmed | terminated
         self._timers: list[asyncio.TimerHandle] = []
@@ -80,9 +83,12 @@ class ServerTransaction:
         body: bytes = b"",
         content_type: str | None = None,
     ) -> SipResponse | None:
-        """Send a response (None, and nothing sent, once a final one went out)."""
+        """Send a response (None, and nothing sent, once a final one went out). Unless `to_tag` says
+        otherwise, a response but 100 carries the transaction's To-tag when the request had none."""
         if self.final_sent or self.state == "terminated":
             return None
+        if to_tag is None and status > 100:
+            to_tag = self.local_tag
         response = make_response(
             self.request, status, reason, to_tag=to_tag, headers=headers, body=body, content_type=content_type
         )

@@ -138,7 +138,7 @@ class SipUserAgent:
         if not self._allowed(source.host):
             metrics.CALLS_REFUSED_TOTAL.labels(transport="sip", reason="forbidden").inc()
             if message.method != "ACK":
-                self.send(make_response(message, 403, "Source not allowed"), source)
+                self.send(make_response(message, 403, "Source not allowed", to_tag=new_tag()), source)
             return
         via = fix_via_received(message, source.host, source.port)
         reply_to = source if source.reliable else Peer("UDP", *response_destination(via, "UDP"))
@@ -209,7 +209,11 @@ class SipUserAgent:
         if content_type != "application/sdp":
             tx.respond(415, headers=(("Accept", "application/sdp"),))
             return
-        setup = _Setup(tx, new_tag(), asyncio.Event())
+        setup = _Setup(tx, tx.local_tag, asyncio.Event())
+        if tx.final_sent:
+            # A CANCEL handled before this task ran (both in one TCP read) got its 487 already: the
+            # call must not be answered after that (9.2), only recorded as cancelled.
+            setup.cancelled.set()
         self._setups[tx.key] = setup
         try:
             offer = parse_sdp(request.body.decode("utf-8", errors="replace"))
@@ -357,11 +361,11 @@ class SipUserAgent:
         if invite is None:
             tx.respond(481)
             return
-        tx.respond(200)
+        tx.respond(200, to_tag=invite.local_tag)  # 9.2: the To-tag of the INVITE's responses
         if invite.final_sent:
             return  # too late: the call was answered (or refused) already
+        invite.respond(487)
         setup = self._setups.get(server_key(request, "INVITE"))
-        invite.respond(487, to_tag=setup.to_tag if setup else new_tag())
         if setup is not None:
             setup.cancelled.set()
         event(log, "sip_cancelled", sip_call_id=request.call_id)
@@ -379,9 +383,14 @@ class SipUserAgent:
         leg.hang_up("hangup")
 
     def _on_options(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
-        if request.to_tag and self._leg_for(request) is None:
-            tx.respond(481)
-            return
+        if request.to_tag:
+            leg = self._leg_for(request)
+            if leg is None:
+                tx.respond(481)
+                return
+            if not leg.dialog.accepts(request):
+                tx.respond(500, "CSeq out of order")  # 12.2.2
+                return
         headers = (
             ("Allow", ALLOW),
             ("Accept", "application/sdp"),
@@ -393,6 +402,9 @@ class SipUserAgent:
         leg = self._leg_for(request)
         if leg is None:
             tx.respond(481)
+            return
+        if not leg.dialog.accepts(request):
+            tx.respond(500, "CSeq out of order")  # 12.2.2
             return
         content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if content_type not in DTMF_TYPES:
