@@ -19,6 +19,7 @@ from parley.engines import Engines
 from parley.registry import CallRegistry
 from parley.runtime import CallRefused, Runtime
 from parley.transports.base import open_call
+from parley.transports.media_stream import add_carrier_routes
 from parley.transports.sip.uac import DialError, dial
 from parley.transports.sip.useragent import SipUserAgent
 from parley.transports.webrtc import WEBRTC_RATE, SignalingError, answering, configure_ice, parse_ice_servers
@@ -282,6 +283,7 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)
     app.router.add_get(r"/{name:[A-Za-z0-9_-]+\.(?:js|css|svg|png|ico|html)}", static)
+    add_carrier_routes(app, runtime)
 
     app.on_startup.append(_start)
     app.on_shutdown.append(_stop)

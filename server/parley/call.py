@@ -79,6 +79,7 @@ class Call:
         self.end_reason: str | None = None
         self.caller = ""  # who calls (a SIP From URI, a phone number), when the transport knows
         self.called = ""  # who was called (the SIP request-URI / To, the number dialled)
+        self.context: dict[str, str] = {}  # variables from the transport (a carrier's custom parameters)
         self.tracker = SpeculativeTurnTracker()
         self.scope = CancelScope()
         self.conversation = Conversation(settings.system_prompt, settings.history_turns)
@@ -412,7 +413,12 @@ class Call:
         }
 
     def details(self) -> dict[str, Any]:
-        return {**self.summary(), "ended_reason": self.end_reason, "transcript": self.conversation.snapshot()}
+        return {
+            **self.summary(),
+            "context": self.context,
+            "ended_reason": self.end_reason,
+            "transcript": self.conversation.snapshot(),
+        }
 
 
 def _turn_key(response: Response) -> str:

@@ -6,15 +6,24 @@ when nothing may play. What may play is decided at the head of the queue by the 
 generation is dropped; a revision still in its reopen grace, or with a reopen candidate pending, is
 held back). A barge-in pauses the audio at once (nothing is lost, it can resume where it stopped) and,
 once confirmed, flushes it: audio goes, control markers stay in order ahead of anything added later.
+
+What the caller heard is what goes into the history. By default a chunk counts as heard once the
+transport has pulled it, since WebRTC and RTP play what they pull at once. A carrier's media stream
+plays from the carrier's own buffer instead, so its transport calls `confirm_by_marks()`: each chunk is
+then followed by a mark (`take_marks`), it counts as heard only when the carrier echoes that mark
+(`mark_played`), and a reply's end is reported once the audio sent before it has played. A flush
+estimates how much of the chunk the carrier was playing was heard from the time since it began.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -54,18 +63,50 @@ def _words_heard(text: str, played: int, total: int) -> str:
     return " ".join(words[: round(len(words) * played / total)])
 
 
+@dataclass
+class _Playout:
+    """A chunk sent to a carrier that plays it from its own buffer: heard once its mark comes back."""
+
+    response: Response
+    text: str
+    samples: int
+    sent: int = 0
+    mark: str | None = None  # named when its last sample is sent
+    sent_all_at: float = 0.0
+
+
+@dataclass
+class _DeferredEnd:
+    """A reply's end, reported once the audio sent before it has played."""
+
+    response: Response
+
+
 class Outbound:
-    def __init__(self, rate: int, gate: Gate, listener: OutboundListener) -> None:
+    def __init__(
+        self,
+        rate: int,
+        gate: Gate,
+        listener: OutboundListener,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.rate = rate
         self.frame_samples = samples_per_frame(rate)
         self._gate = gate
         self._listener = listener
+        self._clock = clock  # for the playout estimates (tests give their own)
         self._lock = threading.Lock()
         self._items: deque[OutboundItem] = deque()
         self._current: AudioChunk | None = None
         self._offset = 0
         self._paused_at: float | None = None
         self._silence = np.zeros(self.frame_samples, dtype=np.int16)
+        self._by_marks = False
+        self._playouts: deque[_Playout | _DeferredEnd] = deque()  # sent, not yet known to be played
+        self._playing_since: float | None = None  # when the carrier began playing the first of them
+        self._marks_due: list[str] = []
+        self._mark_numbers = itertools.count(1)
 
     # producers (stage threads)
 
@@ -103,23 +144,104 @@ class Outbound:
     def _flush(self) -> list[Response]:
         with self._lock:
             cut: list[Response] = []
-            if self._current is not None:
+            ends: list[EndOfResponse] = []
+            if self._by_marks:
+                ends = self._cut_playouts_locked(cut)
+            elif self._current is not None:
                 chunk = self._current
                 chunk.response.partial_segment = _words_heard(chunk.text, self._offset, chunk.pcm.size)
                 cut.append(chunk.response)
-                self._current = None
-                self._offset = 0
+            self._current = None
+            self._offset = 0
             for item in flush_keeping(self._items, is_control):
                 assert isinstance(item, AudioChunk)
                 if item.response not in cut:
                     cut.append(item.response)
+            # Ends that waited for their audio to play are markers too: they go back in front, in order.
+            self._items.extendleft(reversed(ends))
             self._paused_at = None
             return cut
 
+    def _cut_playouts_locked(self, cut: list[Response]) -> list[EndOfResponse]:
+        """Close the books on audio the carrier was told to drop; returns the reply ends that waited on it.
+
+        Only the first chunk can have been heard, and only since the carrier began playing it (and no
+        more of it than was sent): the rest was still in its buffer.
+        """
+        ends: list[EndOfResponse] = []
+        for index, entry in enumerate(self._playouts):
+            if isinstance(entry, _DeferredEnd):
+                ends.append(EndOfResponse(entry.response))
+                continue
+            if index == 0 and self._playing_since is not None:
+                heard = min(entry.sent, round((self._clock() - self._playing_since) * self.rate))
+                entry.response.partial_segment = _words_heard(entry.text, max(0, heard), entry.samples)
+            if entry.response not in cut:
+                cut.append(entry.response)
+        self._playouts.clear()
+        self._playing_since = None
+        self._marks_due.clear()
+        return ends
+
     def has_audio(self) -> bool:
-        """True while reply audio is playing or waiting to play (held back or paused included)."""
+        """True while reply audio is playing or waiting to play (held back, paused, or still in a
+        carrier's buffer included)."""
         with self._lock:
-            return self._current is not None or any(isinstance(i, AudioChunk) for i in self._items)
+            return (
+                self._current is not None
+                or any(isinstance(i, AudioChunk) for i in self._items)
+                or any(isinstance(p, _Playout) for p in self._playouts)
+            )
+
+    # playout confirmed by marks (a carrier's media stream)
+
+    def confirm_by_marks(self) -> None:
+        """Count audio as heard only when the carrier echoes its mark (set before the first pull)."""
+        with self._lock:
+            self._by_marks = True
+
+    def take_marks(self) -> list[str]:
+        """The marks to send after the frames pulled so far, in order (each follows one chunk)."""
+        with self._lock:
+            marks, self._marks_due = self._marks_due, []
+            return marks
+
+    def mark_played(self, name: str) -> bool:
+        """The carrier echoed `name`: everything sent before it has played. False for a mark it does not
+        know, such as one a carrier echoes after a clear (that audio was dropped, not played)."""
+        notices: list[Callable[[], None]] = []
+        with self._lock:
+            if not any(isinstance(p, _Playout) and p.mark == name for p in self._playouts):
+                return False
+            while self._playouts:
+                entry = self._playouts.popleft()
+                if isinstance(entry, _DeferredEnd):
+                    notices.append(functools.partial(self._listener.on_response_ended, entry.response, True))
+                    continue
+                entry.response.played_segments.append(entry.text)
+                if entry.mark == name:
+                    break
+            while self._playouts and isinstance(self._playouts[0], _DeferredEnd):
+                end = self._playouts.popleft()
+                notices.append(functools.partial(self._listener.on_response_ended, end.response, True))
+            self._playing_since = self._clock() if self._playouts else None
+        for notify in notices:
+            notify()
+        return True
+
+    def expire_marks(self, after_s: float) -> list[str]:
+        """Count as played the chunks whose marks have not come back `after_s` after their last sample
+        was sent, and return those marks: a carrier that drops marks must not hold every reply open."""
+        with self._lock:
+            now = self._clock()
+            overdue = [
+                p.mark
+                for p in self._playouts
+                if isinstance(p, _Playout) and p.mark is not None and now - p.sent_all_at > after_s
+            ]
+        if overdue:
+            self.mark_played(overdue[-1])
+        return overdue
 
     # the transport
 
@@ -148,11 +270,25 @@ class Outbound:
             frame[filled : filled + take] = chunk.pcm[self._offset : self._offset + take]
             filled += take
             self._offset += take
+            if self._by_marks:
+                playout = self._playouts[-1]  # the current chunk's: nothing is added behind it meanwhile
+                assert isinstance(playout, _Playout)
+                playout.sent += take
             if self._offset >= chunk.pcm.size:
-                chunk.response.played_segments.append(chunk.text)
-                self._current = None
-                self._offset = 0
+                self._chunk_sent_locked(chunk)
         return self._silence if frame is None else frame
+
+    def _chunk_sent_locked(self, chunk: AudioChunk) -> None:
+        if self._by_marks:
+            playout = self._playouts[-1]
+            assert isinstance(playout, _Playout)
+            playout.mark = f"m{next(self._mark_numbers)}"
+            playout.sent_all_at = self._clock()
+            self._marks_due.append(playout.mark)
+        else:
+            chunk.response.played_segments.append(chunk.text)
+        self._current = None
+        self._offset = 0
 
     def _next_chunk_locked(self, notices: list[Callable[[], None]]) -> bool:
         """Move the next playable chunk into `_current`, handling markers on the way; False to stop."""
@@ -168,7 +304,12 @@ class Outbound:
             self._items.popleft()
             if isinstance(head, EndOfResponse):
                 head.response.ended = True
-                notices.append(functools.partial(self._listener.on_response_ended, head.response, verdict))
+                if self._by_marks and verdict and self._playouts:
+                    self._playouts.append(_DeferredEnd(head.response))  # its audio is still playing
+                else:
+                    notices.append(
+                        functools.partial(self._listener.on_response_ended, head.response, verdict)
+                    )
                 continue
             if not verdict or head.pcm.size == 0:
                 continue
@@ -177,6 +318,10 @@ class Outbound:
                 head.response.first_audio_at = time.monotonic()
             self._current = head
             self._offset = 0
+            if self._by_marks:
+                if not self._playouts:
+                    self._playing_since = self._clock()
+                self._playouts.append(_Playout(head.response, head.text, head.pcm.size))
             notices.append(
                 functools.partial(self._listener.on_segment_started, head.response, head.text, first)
             )

@@ -224,3 +224,80 @@ def test_keys_pressed_while_the_agent_talks_stop_it(call_and_line) -> None:  # t
     barge = line.event("barge_in")
     assert barge is not None and barge["by"] == "keypad"
     line.wait(lambda: line.event("user_transcript", text="[DTMF 0#]") is not None)
+
+
+class CarrierLine(Line):
+    """Plays a carrier's media stream: it plays what it is sent `delay_s` later, from its own buffer, and
+    echoes each mark once the audio before it has played; a clear drops the buffer and echoes the marks
+    still in it at once (those were never played)."""
+
+    def __init__(self, call: Call, delay_s: float = 0.1, echo: bool = True) -> None:
+        super().__init__(call)
+        call.outbound.confirm_by_marks()
+        self.delay_s = delay_s
+        self.echo = echo
+        self.pending: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+
+    def audio_flushed(self) -> None:
+        super().audio_flushed()
+        with self.lock:
+            cleared, self.pending = self.pending, []
+        for _, mark in cleared:
+            assert not self.call.outbound.mark_played(mark)
+
+    def _pull(self) -> None:
+        while not self._stop.is_set():
+            frame = self.call.outbound.pull_frame()
+            now = time.monotonic()
+            self.heard.append((now, bool(frame.any())))
+            with self.lock:
+                self.pending += [(now + self.delay_s, mark) for mark in self.call.outbound.take_marks()]
+                due = [mark for at, mark in self.pending if at <= now]
+                self.pending = [(at, mark) for at, mark in self.pending if at > now]
+            for mark in due if self.echo else []:
+                self.call.outbound.mark_played(mark)
+            time.sleep(0.02)
+
+
+def carrier_call(greeting: str, **line: Any) -> tuple[Call, CarrierLine]:
+    call = Call("c-carrier", "twilio", Settings(greeting=greeting), make_engines(), outbound_rate=8000)
+    carrier = CarrierLine(call, **line)
+    call.start()
+    carrier.start()
+    return call, carrier
+
+
+def test_over_a_carrier_a_reply_is_committed_once_its_last_mark_comes_back() -> None:
+    call, carrier = carrier_call("Hello there.", delay_s=0.5)
+    try:
+        carrier.wait(lambda: carrier.event("agent_done") is not None)
+        done_at = time.monotonic()
+        last_sound = max(at for at, sound in carrier.heard if sound)
+        assert done_at - last_sound >= 0.4  # it waited for the carrier to play it out
+        done = carrier.event("agent_done")
+        assert done is not None and done["text"] == "Hello there." and not done["interrupted"]
+    finally:
+        carrier.stop()
+        call.end("test_over")
+        assert call.join(5.0)
+
+
+@pytest.mark.parametrize(("echo", "heard"), [(True, "One two three. Four"), (False, "One two three.")])
+def test_over_a_carrier_only_audio_whose_mark_came_back_counts_as_heard(echo: bool, heard: str) -> None:
+    second = "Four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen."
+    call, carrier = carrier_call("One two three. " + second, echo=echo)
+    try:
+        carrier.wait(carrier.playing)
+        time.sleep(1.2)  # the first sentence (0.6 s) has played, and its mark came back if the carrier echoes
+        carrier.say(loud(1000))
+        carrier.wait(lambda: carrier.event("agent_done", interrupted=True) is not None)
+        done = carrier.event("agent_done", interrupted=True)
+        assert done is not None and done["text"].startswith(heard) and "sixteen" not in done["text"]
+        if not echo:  # without marks only the chunk the carrier was playing can have been heard
+            assert done["text"] == heard
+        assert carrier.flushes >= 1
+    finally:
+        carrier.stop()
+        call.end("test_over")
+        assert call.join(5.0)

@@ -1,0 +1,444 @@
+"""Carrier media streams: phone calls that a carrier (Twilio, Telnyx) streams to us over a WebSocket.
+
+A call arrives in two requests. The carrier POSTs it to `/<carrier>/voice`; we check the carrier's
+signature, refuse with a busy signal when no call can be taken, and answer markup that connects the call
+to `wss://<public host>/<carrier>/stream`, passing the webhook's query parameters, the caller's and the
+called number, and (when a stream secret is set) a token bound to the carrier's call id as custom
+parameters. The carrier then opens `/<carrier>/stream` and sends `start`: the token is checked and the
+stream becomes a Call (`open_call`, 8 kHz both ways), whose custom parameters are its variables.
+
+Caller audio (G.711, 20 ms per `media` message) goes to `Call.push_audio`; keypad digits to
+`Call.dtmf_received`. The agent's voice is pulled from the call's Outbound at real time (`send_paced`, so
+the carrier's buffer stays about one frame deep) and sent as mu-law `media`, each chunk (a TTS sentence)
+followed by a `mark`. The carrier echoes a mark when the audio before it has played, and the Outbound
+counts only such audio as heard (`confirm_by_marks`); a barge-in flushes the Outbound, which sends `clear`.
+`stop` or a closed socket ends the call. Bad messages are logged and counted, and the call goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+from urllib.parse import parse_qsl
+
+import numpy as np
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from parley import metrics
+from parley.audio import alaw_decode, samples_per_frame, ulaw_decode, ulaw_encode
+from parley.call import Call
+from parley.config import Settings, SettingsError
+from parley.log import event
+from parley.runtime import CallRefused, Runtime
+from parley.transports.base import Connect, HangUp, open_call, send_paced
+from parley.transports.telnyx import Telnyx
+from parley.transports.twilio import (
+    CALL_ID_PARAM,
+    CALLED_PARAM,
+    CALLER_PARAM,
+    MULAW,
+    TOKEN_PARAMETER,
+    StreamError,
+    StreamStart,
+    StreamTokens,
+    Twilio,
+    reject_markup,
+    stream_markup,
+)
+
+log = logging.getLogger(__name__)
+
+CARRIER_RATE = 8000
+FRAME_BYTES = samples_per_frame(CARRIER_RATE)  # G.711: one byte a sample, 160 per 20 ms
+MAX_MESSAGE_BYTES = 64 * 1024  # a media message is ~300 bytes, a start with parameters a few KB
+CLOSE_TIMEOUT_S = 2.0  # how long a close waits for the carrier's close frame
+MEDIA_TIMEOUT_S = 30.0  # a stream with no message for this long is ended
+MARK_TIMEOUT_S = 5.0  # a mark not echoed this long after its audio went out is taken as played
+MARK_CHECK_FRAMES = 50
+OUTBOX_LIMIT = 100  # 2 s of media queued for a socket that does not drain: drop, do not grow
+MAX_PARAMETERS = 32
+MAX_PARAMETER_CHARS = 1024
+LOG_EVERY = 100  # a peer that sends garbage 50 times a second gets a log line now and then, not each time
+DTMF_DIGITS = frozenset("0123456789*#ABCD")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Carrier(Protocol):
+    """One carrier's side of the protocol (twilio.py, telnyx.py)."""
+
+    name: str  # the calls' transport and the routes' prefix
+    stream_attributes: Mapping[str, str]  # extra attributes of the markup's <Stream>
+
+    def webhook_problem(
+        self, url: str, headers: Mapping[str, str], body: bytes, params: Sequence[tuple[str, str]], now: float
+    ) -> str | None: ...
+
+    def parse_start(self, message: Mapping[str, Any]) -> StreamStart: ...
+
+    def media(self, stream_id: str, payload: str) -> dict[str, Any]: ...
+
+    def mark(self, stream_id: str, name: str) -> dict[str, Any]: ...
+
+    def clear(self, stream_id: str) -> dict[str, Any]: ...
+
+
+def count_problem(carrier: str, reason: str) -> None:
+    metrics.TRANSPORT_ERRORS_TOTAL.labels(transport=carrier, reason=reason).inc()
+
+
+def stream_tokens(settings: Settings) -> StreamTokens | None:
+    """Tokens with the configured secret; with none, a random one per process as soon as a carrier
+    credential is set (webhooks are checked, so streams must be too); else no tokens at all."""
+    if settings.stream_secret:
+        return StreamTokens(settings.stream_secret.encode())
+    if settings.twilio_auth_token or settings.telnyx_public_key:
+        return StreamTokens(secrets.token_bytes(32))
+    return None
+
+
+class MediaStream:
+    """One carrier stream and its call: the call's transport over a media-stream WebSocket."""
+
+    def __init__(self, call: Call, ws: web.WebSocketResponse, carrier: Carrier, start: StreamStart) -> None:
+        self.call = call
+        self.ws = ws
+        self.carrier = carrier
+        self.start = start
+        self._loop = asyncio.get_running_loop()
+        self._decode = ulaw_decode if start.encoding == MULAW else alaw_decode
+        self._outbox: deque[str] = deque()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        self._frames = 0
+        self._problems: dict[str, int] = {}
+
+    def begin(self) -> None:
+        """Start sending: the paced reply audio and the socket writer."""
+        pacing = send_paced(self._pull, self._send, call_id=self.call.call_id)
+        self._tasks = [asyncio.ensure_future(self._write()), asyncio.ensure_future(pacing)]
+
+    # the Transport protocol
+
+    def deliver_event(self, payload: dict[str, Any]) -> None:
+        """Nothing to show on a phone: operators follow the call through the call API."""
+
+    def audio_flushed(self) -> None:
+        """A barge-in flushed the reply (called on the call's VAD thread): the carrier must drop what
+        it buffered, at once."""
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._clear)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if not self.ws.closed:
+            with contextlib.suppress(Exception):
+                await self.ws.close(code=WSCloseCode.OK, message=b"call ended")
+
+    # from the carrier
+
+    async def run(self) -> str:
+        """Read the carrier's messages until the stream ends; returns why it ended."""
+        while True:
+            try:
+                msg = await self.ws.receive(timeout=MEDIA_TIMEOUT_S)
+            except TimeoutError:  # a carrier sends media every 20 ms, silence included: this one is gone
+                self._problem("media_timeout")
+                return "media_timeout"
+            if msg.type is WSMsgType.TEXT:
+                if not self.handle(msg.data):
+                    return "hangup"
+            elif msg.type is WSMsgType.BINARY:
+                self._problem("binary")
+            elif msg.type is WSMsgType.ERROR:  # aiohttp has closed the socket (e.g. 1009, too big)
+                too_big = getattr(msg.data, "code", None) == WSCloseCode.MESSAGE_TOO_BIG
+                self._problem("too_big" if too_big else "stream_error")
+                return "stream_error"
+            else:
+                return "hangup"
+
+    def handle(self, text: str) -> bool:
+        """One text message from the carrier; False when it ends the stream (`stop`)."""
+        message = json_object(text)
+        if message is None:
+            self._problem("bad_json")
+            return True
+        kind = message.get("event")
+        if kind == "media":
+            self._media(message.get("media"))
+        elif kind == "mark":
+            mark = message.get("mark")
+            name = mark.get("name") if isinstance(mark, dict) else None
+            if isinstance(name, str):
+                self.call.outbound.mark_played(name)  # False for marks echoed after a clear: expected
+            else:
+                self._problem("bad_mark")
+        elif kind == "dtmf":
+            self._dtmf(message.get("dtmf"))
+        elif kind == "stop":
+            return False
+        elif kind == "error":  # Telnyx reports a failed command (e.g. media it could not play)
+            self._problem("carrier_error", detail=str(message.get("payload", ""))[:200])
+        elif kind in ("connected", "start"):
+            self._problem("unexpected_event")
+        else:
+            self._problem("unknown_event")
+        return True
+
+    def _media(self, media: Any) -> None:
+        if not isinstance(media, dict) or not isinstance(media.get("payload"), str):
+            self._problem("bad_media")
+            return
+        if media.get("track", "inbound") not in ("inbound", "inbound_track"):
+            return  # the other leg's audio, which a both-tracks stream also sends
+        try:
+            data = base64.b64decode(media["payload"], validate=True)
+        except (binascii.Error, ValueError):
+            self._problem("bad_media")
+            return
+        if not data or len(data) % FRAME_BYTES:
+            self._problem("bad_frame")
+            return
+        self.call.push_audio(self._decode(data), CARRIER_RATE)
+
+    def _dtmf(self, dtmf: Any) -> None:
+        digit = dtmf.get("digit") if isinstance(dtmf, dict) else None
+        if not isinstance(digit, str) or digit.upper() not in DTMF_DIGITS:
+            self._problem("bad_dtmf")
+            return
+        self.call.dtmf_received(digit.upper())
+
+    def _problem(self, reason: str, **fields: Any) -> None:
+        count_problem(self.carrier.name, reason)
+        seen = self._problems[reason] = self._problems.get(reason, 0) + 1
+        if seen == 1 or seen % LOG_EVERY == 0:
+            event(
+                log,
+                "stream_bad_message",
+                logging.WARNING,
+                call_id=self.call.call_id,
+                reason=reason,
+                seen=seen,
+                **fields,
+            )
+
+    # to the carrier
+
+    def _pull(self) -> np.ndarray:
+        self._frames += 1
+        if self._frames % MARK_CHECK_FRAMES == 0:
+            for _ in self.call.outbound.expire_marks(MARK_TIMEOUT_S):
+                self._problem("mark_timeout")
+        return self.call.outbound.pull_frame()
+
+    def _send(self, frame: np.ndarray) -> None:
+        # Digital silence is what the carrier plays when nothing arrives; sending it would only fill
+        # its buffer ahead of the next reply.
+        if frame.any():
+            payload = base64.b64encode(ulaw_encode(frame)).decode()
+            self._post(self.carrier.media(self.start.stream_id, payload), media=True)
+        for mark in self.call.outbound.take_marks():
+            self._post(self.carrier.mark(self.start.stream_id, mark))
+
+    def _clear(self) -> None:
+        # Anything still queued here was flushed too; the clear goes out first and alone.
+        self._outbox.clear()
+        self._post(self.carrier.clear(self.start.stream_id))
+
+    def _post(self, message: dict[str, Any], *, media: bool = False) -> None:
+        if self._closed:
+            return
+        if media and len(self._outbox) >= OUTBOX_LIMIT:
+            self._problem("send_backlog")
+            return
+        self._outbox.append(json.dumps(message, separators=(",", ":")))
+        self._wake.set()
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._outbox:
+                    await self.ws.send_str(self._outbox.popleft())
+        except (ConnectionError, RuntimeError):
+            return  # the socket went away: the reader sees it and ends the call
+
+
+def json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def connecting(ws: web.WebSocketResponse, carrier: Carrier, start: StreamStart) -> Connect[MediaStream]:
+    """How `open_call` connects a started stream: its parameters become the call's variables."""
+
+    async def connect(call: Call, hang_up: HangUp) -> MediaStream:
+        call.caller, call.called = start.caller, start.called
+        call.context = {k: v for k, v in start.parameters.items() if k != TOKEN_PARAMETER}
+        call.outbound.confirm_by_marks()
+        stream = MediaStream(call, ws, carrier, start)  # its handler ends the call when the stream ends
+        stream.begin()
+        return stream
+
+    return connect
+
+
+async def close_with(ws: web.WebSocketResponse, code: int, reason: str) -> None:
+    await ws.close(code=code, message=reason.encode()[:123])  # a close frame's reason fits in 123 bytes
+
+
+async def receive_start(ws: web.WebSocketResponse, carrier: Carrier, timeout_s: float) -> StreamStart | None:
+    """Wait for the `start` message (after `connected`); None when the stream was closed instead."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            msg = await ws.receive(timeout=max(0.001, deadline - time.monotonic()))
+        except TimeoutError:
+            count_problem(carrier.name, "no_start")
+            await close_with(ws, WSCloseCode.POLICY_VIOLATION, f"no start message within {timeout_s:g} s")
+            return None
+        if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+            return None
+        message = json_object(msg.data) if msg.type is WSMsgType.TEXT else None
+        kind = message.get("event") if message is not None else None
+        if message is None or kind == "connected":
+            if message is None:
+                count_problem(carrier.name, "bad_json" if msg.type is WSMsgType.TEXT else "binary")
+            continue
+        if kind != "start":
+            count_problem(carrier.name, "before_start")
+            continue
+        try:
+            return carrier.parse_start(message)
+        except StreamError as exc:
+            count_problem(carrier.name, exc.reason)
+            await close_with(ws, WSCloseCode.UNSUPPORTED_DATA, str(exc))
+            return None
+
+
+def stream_handler(carrier: Carrier, runtime: Runtime, tokens: StreamTokens | None) -> Handler:
+    async def serve(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, timeout=CLOSE_TIMEOUT_S)
+        await ws.prepare(request)
+        start = await receive_start(ws, carrier, runtime.settings.stream_start_timeout_s)
+        if start is None:
+            return ws
+        problem = tokens.problem(carrier.name, start, time.time()) if tokens is not None else None
+        if problem is not None:
+            metrics.CALLS_REFUSED_TOTAL.labels(transport=carrier.name, reason="forbidden").inc()
+            event(
+                log,
+                "stream_refused",
+                logging.WARNING,
+                carrier=carrier.name,
+                reason=problem,
+                sid=start.call_id,
+            )
+            await close_with(ws, WSCloseCode.POLICY_VIOLATION, problem)
+            return ws
+        try:
+            call, stream = await open_call(
+                runtime, carrier.name, CARRIER_RATE, connecting(ws, carrier, start)
+            )
+        except CallRefused as exc:
+            await close_with(ws, WSCloseCode.TRY_AGAIN_LATER, exc.message)
+            return ws
+        event(log, "stream_started", call_id=call.call_id, carrier=carrier.name, sid=start.call_id)
+        reason = "stream_error"
+        try:
+            reason = await stream.run()
+        finally:
+            await runtime.registry.end(call.call_id, reason)
+        return ws
+
+    return serve
+
+
+# the voice webhook
+
+
+def public_base(request: web.Request, settings: Settings) -> str:
+    """The service's URL as the carrier sees it (scheme and host, no trailing slash)."""
+    if settings.public_url:
+        return settings.public_url.rstrip("/")
+    scheme = request.headers.get("X-Forwarded-Proto", request.scheme).split(",")[0].strip()
+    host = request.headers.get("X-Forwarded-Host", request.host).split(",")[0].strip()
+    return f"{scheme}://{host}"
+
+
+def custom_parameters(query: Mapping[str, str]) -> dict[str, str]:
+    """The webhook URL's query parameters (e.g. `?agent=sales`), passed on to the stream."""
+    if len(query) > MAX_PARAMETERS or any(len(k) + len(v) > MAX_PARAMETER_CHARS for k, v in query.items()):
+        raise web.HTTPBadRequest(
+            reason=f"at most {MAX_PARAMETERS} parameters of {MAX_PARAMETER_CHARS} characters"
+        )
+    return {k: v for k, v in query.items() if k != TOKEN_PARAMETER}
+
+
+def voice_handler(carrier: Carrier, runtime: Runtime, tokens: StreamTokens | None) -> Handler:
+    async def answer(request: web.Request) -> web.Response:
+        settings = runtime.settings
+        body = await request.read()
+        params = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)  # form-encoded
+        base = public_base(request, settings)
+        problem = carrier.webhook_problem(base + request.path_qs, request.headers, body, params, time.time())
+        if problem is not None:
+            metrics.CALLS_REFUSED_TOTAL.labels(transport=carrier.name, reason="forbidden").inc()
+            event(log, "webhook_refused", logging.WARNING, carrier=carrier.name, reason=problem)
+            return web.json_response({"error": problem}, status=403)
+        form = dict(params)
+        call_id = form.get(CALL_ID_PARAM, "")
+        if not call_id:
+            return web.json_response({"error": f"no {CALL_ID_PARAM}"}, status=400)
+        try:
+            runtime.admit(carrier.name)  # counts the refusal; the line is taken when the stream starts
+        except CallRefused as exc:
+            event(log, "call_rejected", carrier=carrier.name, reason=exc.reason, sid=call_id)
+            return web.Response(text=reject_markup(), content_type="text/xml")
+        parameters = custom_parameters(request.query)
+        parameters.update(caller=form.get(CALLER_PARAM, ""), called=form.get(CALLED_PARAM, ""))
+        if tokens is not None:
+            parameters[TOKEN_PARAMETER] = tokens.mint(carrier.name, call_id, parameters, time.time())
+        stream_url = "ws" + base.removeprefix("http") + f"/{carrier.name}/stream"  # https -> wss, http -> ws
+        markup = stream_markup(stream_url, parameters, carrier.stream_attributes)
+        return web.Response(text=markup, content_type="text/xml")
+
+    return answer
+
+
+def add_carrier_routes(app: web.Application, runtime: Runtime) -> None:
+    """`POST /<carrier>/voice` and `GET /<carrier>/stream` for Twilio and Telnyx."""
+    settings = runtime.settings
+    if settings.public_url and not settings.public_url.startswith(("https://", "http://")):
+        raise SettingsError(f"public_url must start with https:// (or http://), not {settings.public_url!r}")
+    if settings.stream_start_timeout_s <= 0:
+        raise SettingsError("stream_start_timeout_s must be positive")
+    try:
+        carriers: list[Carrier] = [Twilio(settings.twilio_auth_token), Telnyx(settings.telnyx_public_key)]
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from exc
+    tokens = stream_tokens(settings)
+    for carrier in carriers:
+        app.router.add_post(f"/{carrier.name}/voice", voice_handler(carrier, runtime, tokens))
+        app.router.add_get(f"/{carrier.name}/stream", stream_handler(carrier, runtime, tokens))
