@@ -4,8 +4,11 @@
 #   chromium(-driver)     the real browser of the browser tests
 #   baresip-core          a real SIP softphone (plays a WAV, records the reply, sends DTMF)
 #   sip-tester            SIPp, the SIP load and conformance tester
+#   prometheus            a real Prometheus (and promtool) for the dashboard and alert tests
+#   postgresql            a throw-away PostgreSQL cluster for the call-records tests (initdb, pg_ctl)
+#   kamailio              checks the SIP dispatcher config in deploy/kamailio (kamailio -c)
 set -euo pipefail
-packages=(espeak-ng sox chromium chromium-driver libsndfile1 baresip-core sip-tester)
+packages=(espeak-ng sox chromium chromium-driver libsndfile1 baresip-core sip-tester prometheus postgresql kamailio)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

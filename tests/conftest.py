@@ -12,6 +12,16 @@ from parley.config import Settings
 from parley.engines.stt import SttEngine
 
 
+@pytest.fixture(scope="session", autouse=True)
+def data_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Call records of every service the tests start (in or out of process) go to a temporary folder,
+    not ~/.local/share/parley."""
+    folder = tmp_path_factory.mktemp("xdg-data")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_DATA_HOME", str(folder))
+        yield folder
+
+
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """`parley serve` with the default, real models, on a free loopback port."""

@@ -6,6 +6,7 @@ import { RAW_MIC, openMic, stopStream } from "./media.js";
 import { CallError, createPeer, deleteCall, iceGatheringDone, postOffer } from "./signaling.js";
 import { attachMeter, detachAllMeters, prepareAudio, setHalo } from "./meters.js";
 import { Transcript } from "./transcript.js";
+import { showRecentCalls } from "./history.js";
 
 const LOST_MESSAGE = "The connection to the agent was lost.";
 const DISCONNECT_GRACE_MS = 3000; // "disconnected" often heals by itself; give up only after this
@@ -193,6 +194,11 @@ function endCall({ serverEnded = false, message = "" } = {}) {
   teardown(session, { notifyServer: !serverEnded });
   setState("ended");
   if (message) showError(message);
+  setTimeout(refreshHistory, 1000); // the record is written just after the call ends
+}
+
+function refreshHistory() {
+  showRecentCalls(document.getElementById("history"), document.getElementById("history-list"));
 }
 
 function teardown(session, { notifyServer }) {
@@ -228,3 +234,4 @@ setHalo(ui.button);
 ui.rawNote.hidden = !RAW_MIC;
 setState("idle");
 renderLatency();
+refreshHistory();

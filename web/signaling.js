@@ -10,7 +10,7 @@ const TOKEN = params.get("token");
 /** A failure whose message is fit to show the caller as it is. */
 export class CallError extends Error {}
 
-function authHeaders() {
+export function authHeaders() {
   return TOKEN ? { Authorization: `Bearer ${TOKEN}` } : {};
 }
 

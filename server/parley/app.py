@@ -16,6 +16,7 @@ from parley import metrics
 from parley.call import Call
 from parley.config import Settings
 from parley.engines import Engines
+from parley.records import BadCursor, DatabaseError
 from parley.registry import CallRegistry
 from parley.runtime import CallRefused, Runtime
 from parley.transports.base import open_call
@@ -151,16 +152,56 @@ async def whip_delete(request: web.Request) -> web.Response:
 
 
 async def list_calls(request: web.Request) -> web.Response:
+    """Active calls (a list); with `?state=ended`, a page of stored records: `{"calls", "next"}`, where
+    `next` is the `cursor` of the following page (`&limit=` up to 200, default 50)."""
     _authorise(request)
-    return web.json_response([call.summary() for call in request.app[REGISTRY].active()])
+    state = request.query.get("state", "active")
+    if state == "active":
+        return web.json_response([call.summary() for call in request.app[REGISTRY].active()])
+    if state != "ended":
+        raise ApiError(400, "state must be active or ended")
+    records = request.app[RUNTIME].records
+    if records is None:
+        raise ApiError(409, "call records are off (--database off)")
+    try:
+        limit = int(request.query.get("limit", "50"))
+    except ValueError as exc:
+        raise ApiError(400, "limit must be a number") from exc
+    try:
+        calls, cursor = await asyncio.to_thread(records.list_ended, limit, request.query.get("cursor", ""))
+    except BadCursor as exc:
+        raise ApiError(400, str(exc)) from exc
+    except DatabaseError as exc:
+        raise ApiError(503, f"call records unavailable: {exc}") from exc
+    return web.json_response({"calls": calls, "next": cursor})
 
 
 async def get_call(request: web.Request) -> web.Response:
+    """A call in memory (live, or ended lately), else its stored record (any instance of a fleet)."""
     _authorise(request)
-    call = request.app[REGISTRY].get(request.match_info["call_id"])
-    if call is None:
+    call_id = request.match_info["call_id"]
+    call = request.app[REGISTRY].get(call_id)
+    if call is not None:
+        return web.json_response(call.details())
+    records = request.app[RUNTIME].records
+    record = None
+    if records is not None:
+        try:
+            record = await asyncio.to_thread(records.get, call_id)
+        except DatabaseError as exc:
+            raise ApiError(503, f"call records unavailable: {exc}") from exc
+    if record is None:
         raise ApiError(404, "no such call")
-    return web.json_response(call.details())
+    return web.json_response(record)
+
+
+async def drain(request: web.Request) -> web.Response:
+    """Take no new call here (readiness 503, SIP 503) and let live ones finish: a pod's preStop hook
+    (`parley drain`) calls this, then waits for `calls` to reach 0."""
+    _authorise(request)
+    runtime = request.app[RUNTIME]
+    runtime.drain()
+    return web.json_response({"draining": True, "calls": len(runtime.registry.active())})
 
 
 async def call_events(request: web.Request) -> web.StreamResponse:
@@ -281,6 +322,7 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
     app.router.add_get("/api/calls/{call_id}/events", call_events)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_post("/api/drain", drain)
     app.router.add_get("/metrics", prometheus)
     app.router.add_get(r"/{name:[A-Za-z0-9_-]+\.(?:js|css|svg|png|ico|html)}", static)
     add_carrier_routes(app, runtime)
@@ -292,6 +334,7 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
 
 async def _start(app: web.Application) -> None:
     runtime = app[RUNTIME]
+    await runtime.open_records()
     runtime.start_loading()
     ua = app.get(SIP)
     if ua is not None:

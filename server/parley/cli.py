@@ -35,6 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(prepare)
     prepare.set_defaults(run=_prepare)
 
+    drain = commands.add_parser(
+        "drain",
+        help="stop taking calls and wait for the live ones to end (a pod's preStop hook)",
+        description="Ask the service at --host/--port to take no new calls, then wait for its calls to end.",
+    )
+    add_arguments(drain)
+    drain.add_argument("--wait-s", type=float, default=3500.0, help="wait at most this long (default 3500)")
+    drain.set_defaults(run=_drain)
+
     from parley.bench import add_bench_parser
 
     add_bench_parser(commands)
@@ -47,7 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
     from parley.app import create_app
 
     settings = load_settings(args)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format, settings.log_transcripts)
     app = create_app(settings)
     log.info("listening", extra={"url": f"http://{settings.host}:{settings.port}"})
     web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=10.0)
@@ -61,6 +70,12 @@ def _prepare(args: argparse.Namespace) -> int:
     setup_logging(settings.log_level)
     prepare_models(settings)
     return 0
+
+
+def _drain(args: argparse.Namespace) -> int:
+    from parley.drain import drain
+
+    return drain(load_settings(args), args.wait_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 ENV_PREFIX = "PARLEY_"
 ENV_ALIASES = {"cache_dir": "PARLEY_CACHE"}  # the name DESIGN.md gives the cache folder's variable
+DATABASE_SCHEMES = ("postgresql://", "postgres://")
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Parley, a helpful voice assistant talking to a caller on the phone. "
@@ -46,6 +47,12 @@ def _opt(help: str, group: str = "service", choices: Sequence[str] | None = None
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "parley"
+
+
+def default_data_dir() -> Path:
+    """Where call records live by default: $XDG_DATA_HOME/parley, else ~/.local/share/parley."""
+    base = os.environ.get("XDG_DATA_HOME")
+    return (Path(base) if base else Path.home() / ".local" / "share") / "parley"
 
 
 @dataclass(frozen=True)
@@ -227,8 +234,40 @@ class Settings:
         default=20.0, metadata=_opt("longest utterance before a forced turn end", "turns")
     )
 
+    # operations
+    log_format: str = field(
+        default="text", metadata=_opt("log lines as key=value text or JSON", "operations", ("text", "json"))
+    )
+    log_transcripts: bool = field(
+        default=False,
+        metadata=_opt(
+            "log what callers and the agent said at info level too (else only at debug)", "operations"
+        ),
+    )
+    data_dir: str = field(
+        default="", metadata=_opt("folder for call records (default ~/.local/share/parley)", "operations")
+    )
+    database: str = field(
+        default="",
+        metadata=_opt(
+            "where call records go: '' = SQLite in --data-dir, postgresql://... (a fleet shares one), 'off'",
+            "operations",
+        ),
+    )
+    record_transcripts: bool = field(
+        default=True,
+        metadata=_opt("keep what was said in call records ('off': no text, no digits)", "operations"),
+    )
+    retention_days: float = field(
+        default=30.0,
+        metadata=_opt("call records older than this are deleted (0: kept forever)", "operations"),
+    )
+
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+
+    def resolved_data_dir(self) -> Path:
+        return Path(self.data_dir).expanduser() if self.data_dir else default_data_dir()
 
 
 class SettingsError(ValueError):
@@ -246,6 +285,8 @@ def _convert(name: str, kind: Any, raw: Any) -> Any:
             if isinstance(raw, str):
                 return tuple(part.strip() for part in raw.split(",") if part.strip())
             return tuple(str(part) for part in raw)
+        if kind == "bool":
+            return _boolean(raw)
         if kind == "int":
             return int(raw)
         if kind == "float":
@@ -255,6 +296,17 @@ def _convert(name: str, kind: Any, raw: Any) -> Any:
     except (TypeError, ValueError) as exc:
         raise SettingsError(f"{name}: {raw!r} is not a valid {kind}") from exc
     raise SettingsError(f"{name}: unsupported setting type {kind}")
+
+
+def _boolean(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -270,6 +322,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = f.default
         shown = ",".join(default) if isinstance(default, tuple) else default
         env = ENV_PREFIX + f.name.upper()
+        if str(f.type) == "bool":  # `--flag` alone means on; `--flag off` turns a default on off
+            shown = "on" if default else "off"
+            group.add_argument(
+                _flag(f.name), dest=f.name, default=None, nargs="?", const="on", metavar="on|off",
+                help=f"{f.metadata.get('help', '')} [env {env}; default {shown!r}]",
+            )  # fmt: skip
+            continue
         group.add_argument(
             _flag(f.name),
             dest=f.name,
@@ -332,6 +391,14 @@ def validate(settings: Settings) -> None:
     if settings.sip != "off":
         sip_address(settings.sip)
     rtp_port_range(settings.rtp_ports)
+    if (
+        settings.database
+        and settings.database != "off"
+        and not settings.database.startswith(DATABASE_SCHEMES)
+    ):
+        raise SettingsError(f"database must be '', 'off' or a postgresql:// URL, not {settings.database!r}")
+    if settings.retention_days < 0:
+        raise SettingsError("retention_days must be 0 (keep forever) or more")
     if settings.max_calls < 1:
         raise SettingsError("max_calls must be at least 1")
     if not 0.0 < settings.vad_threshold < 1.0:

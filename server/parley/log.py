@@ -1,17 +1,78 @@
-"""Structured logs: one line per event, `key=value` pairs, always with `call_id` when there is a call."""
+"""Structured logs: one line per event, `key=value` pairs or JSON, always with `call_id` when there is a call.
+
+A line logged without an explicit `call_id` still gets one when it belongs to a call: from the call's
+stage threads (named `<call_id>:<stage>`) or from the asyncio tasks a transport started while setting
+the call up (`CALL_ID`, a context variable that those tasks inherit). What callers and the agent said
+(the `text`, `digit` and `digits` fields) is logged only when running at debug level, or with
+--log-transcripts.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import json
 import logging
 import sys
+import time
 from typing import Any
 
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
+CALL_ID: contextvars.ContextVar[str] = contextvars.ContextVar("call_id", default="")
+TRANSCRIPT_FIELDS = ("text", "digit", "digits")
+CALL_THREAD_PREFIX = "c-"  # stage threads are named after their call: "c-1a2b3c4d5e6f:vad"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_")}
+
+
+class CallContext(logging.Filter):
+    """Adds the call's id to lines logged on its behalf without one, and keeps what was said out of
+    lines above debug level unless transcripts are asked for."""
+
+    def __init__(self, transcripts: bool = False) -> None:
+        super().__init__()
+        self.transcripts = transcripts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(record, "call_id", ""):
+            call_id = CALL_ID.get() or _call_of_thread(record.threadName or "")
+            if call_id:
+                record.call_id = call_id
+        debugging = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+        if not (self.transcripts or debugging) and record.levelno > logging.DEBUG:
+            for name in TRANSCRIPT_FIELDS:
+                if name in record.__dict__:
+                    delattr(record, name)
+        return True
+
+
+def _call_of_thread(name: str) -> str:
+    call_id, sep, _ = name.partition(":")
+    return call_id if sep and call_id.startswith(CALL_THREAD_PREFIX) else ""
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, event, then the event's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        for key, value in _fields(record).items():
+            line[key] = value if isinstance(value, int | float | bool | str | None) else str(value)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
 
 
 class KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        fields = {k: v for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_")}
+        fields = _fields(record)
         parts = [
             self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
             record.levelname.lower(),
@@ -32,9 +93,10 @@ def _quote(value: Any) -> str:
     return text
 
 
-def setup_logging(level: str = "info") -> None:
+def setup_logging(level: str = "info", log_format: str = "text", transcripts: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
+    handler.setFormatter(JsonFormatter() if log_format == "json" else KeyValueFormatter())
+    handler.addFilter(CallContext(transcripts))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

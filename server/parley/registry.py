@@ -9,6 +9,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from parley.call import Call
 
@@ -17,6 +18,15 @@ log = logging.getLogger(__name__)
 KEEP_ENDED = 200  # ended calls stay visible in /api/calls/<id> for a while
 
 Closer = Callable[[], Awaitable[None]]
+
+
+class CallObserver(Protocol):
+    """Hears of every call the registry adds and of every call that ended (e.g. call records).
+    Called on the event loop; must not block."""
+
+    def call_added(self, call: Call) -> None: ...
+
+    def call_ended(self, call: Call) -> None: ...
 
 
 @dataclass
@@ -35,6 +45,7 @@ class CallRegistry:
         self._admitting = 0
         self._setting_up: dict[str, Call] = {}
         self.closing = False  # set by end_all: no call is admitted any more
+        self.observer: CallObserver | None = None
 
     @staticmethod
     def new_call_id() -> str:
@@ -60,9 +71,18 @@ class CallRegistry:
         self._ended[call.call_id] = call
         while len(self._ended) > KEEP_ENDED:
             self._ended.popitem(last=False)
+        self._tell(call, lambda observer: observer.call_ended(call))
 
     def add(self, call: Call, close_transport: Closer) -> None:
         self._active[call.call_id] = _Entry(call, close_transport)
+        self._tell(call, lambda observer: observer.call_added(call))
+
+    def _tell(self, call: Call, news: Callable[[CallObserver], None]) -> None:
+        if self.observer is not None:
+            try:
+                news(self.observer)
+            except Exception:
+                log.exception("call_observer_failed", extra={"call_id": call.call_id})
 
     def get(self, call_id: str) -> Call | None:
         entry = self._active.get(call_id)

@@ -14,6 +14,7 @@ from parley import metrics
 from parley.config import Settings
 from parley.engines import Engines, load_engines
 from parley.log import event
+from parley.records import CallRecords, open_records
 from parley.registry import CallRegistry
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ RETRY_AFTER_S = 5
 
 
 class CallRefused(Exception):
-    """No call can be opened now. `reason`: loading | load_failed | capacity | closing."""
+    """No call can be opened now. `reason`: loading | load_failed | capacity | draining | closing."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -39,6 +40,19 @@ class Runtime:
         self.load_error: str | None = None
         self._owns_engines = engines is None
         self._loader: asyncio.Task[None] | None = None
+        self.draining = False  # set by drain(): live calls go on, no new call is admitted
+        self.records: CallRecords | None = None
+        metrics.CALLS_MAX.set(settings.max_calls)
+        metrics.READY.set_function(lambda: float(self.not_ready_reason() is None))
+
+    async def open_records(self) -> None:
+        """Connect to the call records (and migrate them); from then on every call is recorded.
+        A database that cannot be reached stops the start: calls would go unrecorded."""
+        records = open_records(self.settings)
+        if records is not None:
+            await asyncio.to_thread(records.start)
+            self.records = records
+            self.registry.observer = records
 
     def start_loading(self) -> None:
         """Load the models in a thread unless they were given (readiness says when they are in)."""
@@ -60,6 +74,8 @@ class Runtime:
         """Why a call would be refused now, or None when one would be accepted."""
         if self.registry.closing:
             return "shutting down"
+        if self.draining:
+            return "draining"
         if self.engines is None:
             return self.load_error or "models loading"
         if self.registry.at_capacity():
@@ -70,6 +86,8 @@ class Runtime:
         """The engines for a new call; raises CallRefused (and counts it) when none can be opened now."""
         if self.registry.closing:
             refused = CallRefused("closing", "the service is shutting down")
+        elif self.draining:
+            refused = CallRefused("draining", "this instance is draining, call another")
         elif self.engines is None:
             refused = (
                 CallRefused("load_failed", "models failed to load")
@@ -83,9 +101,20 @@ class Runtime:
         metrics.CALLS_REFUSED_TOTAL.labels(transport=transport, reason=refused.reason).inc()
         raise refused
 
+    def drain(self) -> None:
+        """Admit no new call (readiness turns 503, SIP answers 503) while live calls go on: before a
+        pod stops, so that its calls end by themselves instead of being cut."""
+        if not self.draining:
+            self.draining = True
+            event(log, "draining", calls=len(self.registry.active()))
+
     async def close(self) -> None:
         """End every call, then release the engines this runtime loaded."""
         await self.registry.end_all("shutdown")
+        if self.records is not None:
+            self.registry.observer = None
+            await asyncio.to_thread(self.records.close)
+            self.records = None
         if self._loader is not None:
             await self._loader
         if self.engines is not None and self._owns_engines:

@@ -23,7 +23,7 @@ import numpy as np
 
 from parley.audio import FRAME_MS
 from parley.call import Call
-from parley.log import event
+from parley.log import CALL_ID, event
 from parley.runtime import CallRefused, Runtime
 
 log = logging.getLogger(__name__)
@@ -72,13 +72,18 @@ async def open_call(runtime: Runtime, kind: str, rate: int, connect: Connect[T])
     def hang_up(reason: str) -> None:
         registry.end_soon(call.call_id, reason)
 
-    with registry.setting_up(call):
-        try:
-            transport = await connect(call, hang_up)
-        except CallSetupFailed as exc:
-            call.end(exc.outcome)
-            registry.remember_ended(call)
-            raise
+    # The tasks the transport starts while connecting inherit the call's id for their log lines.
+    token = CALL_ID.set(call.call_id)
+    try:
+        with registry.setting_up(call):
+            try:
+                transport = await connect(call, hang_up)
+            except CallSetupFailed as exc:
+                call.end(exc.outcome)
+                registry.remember_ended(call)
+                raise
+    finally:
+        CALL_ID.reset(token)
     if registry.closing:
         # The service began shutting down while this call was being set up: it must not outlive that.
         await transport.close()

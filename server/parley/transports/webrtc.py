@@ -32,6 +32,7 @@ from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
+from parley import metrics
 from parley.audio import audio_level_dbov, downmix, samples_per_frame
 from parley.call import Call
 from parley.log import event
@@ -278,6 +279,7 @@ class WebRtcPeer:
         state = self.pc.connectionState
         event(log, "webrtc_state", logging.DEBUG, call_id=self.call.call_id, state=state)
         if state == "failed" and not self._closed:
+            metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="webrtc", reason="ice_failed").inc()
             self._on_gone("ice_failed")
         elif state == "closed" and not self._closed:
             self._on_gone("hangup")
@@ -285,6 +287,7 @@ class WebRtcPeer:
     async def _watch_connect(self) -> None:
         await asyncio.sleep(CONNECT_TIMEOUT_S)
         if self.pc.connectionState != "connected" and not self._closed:
+            metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="webrtc", reason="ice_timeout").inc()
             self._on_gone("ice_timeout")
 
 

@@ -1,0 +1,30 @@
+"""Call records: every call stored as it goes, in SQLite by default or PostgreSQL for a fleet.
+
+`open_records(settings)` gives the `CallRecords` the runtime hands to its registry (None with
+`--database off`); `GET /api/calls?state=ended` and `GET /api/calls/<id>` read them back.
+"""
+
+from __future__ import annotations
+
+import socket
+from functools import partial
+
+from parley.config import Settings
+from parley.records.database import DatabaseError, connect
+from parley.records.recorder import CallRecords
+from parley.records.store import BadCursor
+
+__all__ = ["BadCursor", "CallRecords", "DatabaseError", "open_records"]
+
+
+def open_records(settings: Settings) -> CallRecords | None:
+    """The records these settings ask for, not yet started (`start()` connects and migrates)."""
+    if settings.database == "off":
+        return None
+    return CallRecords(
+        partial(connect, settings.database, settings.resolved_data_dir()),
+        keep_text=settings.record_transcripts,
+        retention_days=settings.retention_days,
+        # Which process a record came from: calls it left open when it died are closed at its restart.
+        instance=f"{socket.gethostname()}:{settings.port}",
+    )

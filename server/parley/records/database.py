@@ -1,0 +1,136 @@
+"""The records database: SQLite (a file, the default) or PostgreSQL (a fleet shares one), behind one
+small interface. Statements are written once with `?` placeholders in SQL both dialects accept
+(upserts with ON CONFLICT, row values, `||`); PostgreSQL gets `%s` instead.
+
+A `Database` is one connection, used by one thread at a time (the caller holds its own lock or owns
+it); transactions are explicit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+Params = Sequence[Any]
+
+
+class DatabaseError(Exception):
+    """The database could not be reached or refused a statement."""
+
+
+class Database(Protocol):
+    kind: str  # "sqlite" | "postgresql"
+
+    def transaction(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def execute(self, sql: str, params: Params = ()) -> None: ...
+
+    def rows(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]: ...
+
+    def lock_for_migration(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SqliteDatabase:
+    """One SQLite connection. WAL lets the API read while the writer writes; with synchronous=NORMAL a
+    committed event survives the process crashing (only a power loss can take the last ones)."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+        except (OSError, sqlite3.Error) as exc:
+            raise DatabaseError(f"cannot open the records database {path}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")  # take the write lock now: two migrators wait in turn
+        except sqlite3.Error as exc:
+            raise DatabaseError(str(exc)) from exc
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def execute(self, sql: str, params: Params = ()) -> None:
+        try:
+            self._conn.execute(sql, tuple(params))
+        except sqlite3.Error as exc:
+            raise DatabaseError(str(exc)) from exc
+
+    def rows(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        try:
+            return list(self._conn.execute(sql, tuple(params)).fetchall())
+        except sqlite3.Error as exc:
+            raise DatabaseError(str(exc)) from exc
+
+    def lock_for_migration(self) -> None:
+        """BEGIN IMMEDIATE already holds the database's write lock."""
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+MIGRATION_LOCK = 7_041_995  # pg_advisory_xact_lock key: instances of a fleet migrate one at a time
+
+
+class PostgresDatabase:
+    kind = "postgresql"
+
+    def __init__(self, url: str, connect_timeout_s: float = 10.0) -> None:
+        import psycopg
+
+        self._psycopg = psycopg
+        try:
+            self._conn = psycopg.connect(url, autocommit=True, connect_timeout=int(connect_timeout_s))
+        except psycopg.Error as exc:
+            raise DatabaseError(f"cannot connect to the records database: {exc}") from exc
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        try:
+            with self._conn.transaction():
+                yield
+        except self._psycopg.Error as exc:
+            raise DatabaseError(str(exc)) from exc
+
+    def execute(self, sql: str, params: Params = ()) -> None:
+        try:
+            self._conn.execute(_postgres(sql), tuple(params))
+        except self._psycopg.Error as exc:
+            raise DatabaseError(str(exc)) from exc
+
+    def rows(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        try:
+            return list(self._conn.execute(_postgres(sql), tuple(params)).fetchall())
+        except self._psycopg.Error as exc:
+            raise DatabaseError(str(exc)) from exc
+
+    def lock_for_migration(self) -> None:
+        self.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _postgres(sql: str) -> str:
+    return sql.replace("?", "%s")
+
+
+def connect(database: str, data_dir: Path) -> Database:
+    """`database` as the setting gives it: '' (SQLite in `data_dir`) or a postgresql:// URL."""
+    if database.startswith(("postgresql://", "postgres://")):
+        return PostgresDatabase(database)
+    return SqliteDatabase(data_dir / "calls.sqlite3")

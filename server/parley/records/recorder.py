@@ -1,0 +1,193 @@
+"""Call records, kept off the media path.
+
+The registry tells `CallRecords` when a call is added and when it has ended; in between the recorder
+watches the call's events (`Call.watch`, the same events the page gets). Every one becomes a write,
+queued (bounded) for one writer thread: a thread of the call never waits for the database, and when the
+database falls behind, events are dropped and counted rather than piling up in memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from parley import metrics
+from parley.call import Call
+from parley.log import event
+from parley.records.database import Database, DatabaseError
+from parley.records.schema import migrate
+from parley.records.store import CallInfo, RecordStore
+
+log = logging.getLogger(__name__)
+
+QUEUE_SIZE = 10_000  # events; at ~10 events per turn, minutes of every call's events
+PURGE_EVERY_S = 3600.0
+RECONNECT_AFTER_S = 1.0
+STOP_TIMEOUT_S = 10.0
+
+T = TypeVar("T")
+Write = Callable[[RecordStore], None]
+Connect = Callable[[], Database]
+
+
+def _info(call: Call) -> CallInfo:
+    return CallInfo(
+        call.call_id, call.transport, call.started_at, call.caller, call.called, dict(call.context)
+    )
+
+
+class CallRecords:
+    def __init__(
+        self,
+        connect: Connect,
+        *,
+        keep_text: bool = True,
+        retention_days: float = 0.0,
+        instance: str = "",
+        queue_size: int = QUEUE_SIZE,
+    ) -> None:
+        self._connect = connect
+        self.keep_text = keep_text
+        self.retention_s = retention_days * 86400.0
+        self.instance = instance or socket.gethostname()
+        self._queue: queue.Queue[Write | None] = queue.Queue(maxsize=queue_size)
+        self._watching: dict[str, tuple[Callable[[], None], Iterator[int]]] = {}
+        self._writer: RecordStore | None = None
+        self._reader: RecordStore | None = None
+        self._read_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="records-writer", daemon=True)
+        self._next_purge = 0.0
+        self._failures = 0
+
+    # lifecycle (blocking: from asyncio, run them in a thread)
+
+    def start(self) -> None:
+        """Connect, migrate the schema, close what a previous run of this instance left open, purge."""
+        writer = self._store()
+        version = migrate(writer.db)
+        lost = writer.close_lost()
+        self._writer = writer
+        self._purge_if_due()
+        metrics.QUEUE_DEPTH.labels(stage="records").set_function(self._queue.qsize)
+        self._thread.start()
+        event(log, "records_open", database=writer.db.kind, schema=version, closed_lost=lost)
+
+    def close(self) -> None:
+        """Write what is queued, then stop (waits up to STOP_TIMEOUT_S)."""
+        for unwatch, _ in list(self._watching.values()):
+            unwatch()
+        self._watching.clear()
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(STOP_TIMEOUT_S)
+        for store in (self._writer, self._reader):
+            if store is not None:
+                store.db.close()
+        self._writer = self._reader = None
+
+    # the registry's observer (any thread; never blocks)
+
+    def call_added(self, call: Call) -> None:
+        info, at = _info(call), time.time()
+        numbers = itertools.count()
+        call_id = call.call_id
+
+        def on_event(payload: dict[str, Any]) -> None:
+            seq, now = next(numbers), time.time()
+            self._put(lambda store: store.call_event(call_id, seq, now, payload))
+
+        self._put(lambda store: store.call_started(info, at))
+        self._watching[call_id] = (call.watch(on_event), numbers)
+
+    def call_ended(self, call: Call) -> None:
+        watching = self._watching.pop(call.call_id, None)
+        if watching is not None:
+            watching[0]()
+        info, at = _info(call), time.time()
+        outcome = call.end_reason or "hangup"
+        turns = call.conversation.snapshot()
+        self._put(lambda store: store.call_ended(info, at, outcome, turns))
+
+    # reading (blocking; the API runs these in a thread)
+
+    def list_ended(self, limit: int, cursor: str = "") -> tuple[list[dict[str, Any]], str | None]:
+        return self._read(lambda store: store.list_ended(limit, cursor))
+
+    def get(self, call_id: str) -> dict[str, Any] | None:
+        return self._read(lambda store: store.get(call_id))
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    # internals
+
+    def _store(self) -> RecordStore:
+        return RecordStore(self._connect(), keep_text=self.keep_text, instance=self.instance)
+
+    def _put(self, write: Write) -> None:
+        try:
+            self._queue.put_nowait(write)
+        except queue.Full:
+            metrics.RECORD_EVENTS_DROPPED_TOTAL.labels(reason="queue_full").inc()
+
+    def _read(self, query: Callable[[RecordStore], T]) -> T:
+        with self._read_lock:
+            for attempt in (1, 2):
+                try:
+                    if self._reader is None:
+                        self._reader = self._store()
+                    return query(self._reader)
+                except DatabaseError:
+                    if self._reader is not None:
+                        self._reader.db.close()
+                        self._reader = None
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _run(self) -> None:
+        while True:
+            try:
+                write = self._queue.get(timeout=60.0)
+            except queue.Empty:
+                self._purge_if_due()
+                continue
+            if write is None:
+                return
+            self._write(write)
+            self._purge_if_due()
+
+    def _write(self, write: Write) -> None:
+        try:
+            if self._writer is None:
+                self._writer = self._store()
+            write(self._writer)
+            self._failures = 0
+        except DatabaseError as exc:
+            metrics.RECORD_EVENTS_DROPPED_TOTAL.labels(reason="write_failed").inc()
+            self._failures += 1
+            if self._failures == 1 or self._failures % 100 == 0:
+                event(log, "record_write_failed", logging.WARNING, error=str(exc), failures=self._failures)
+            if self._writer is not None:  # reconnect for the next write (PostgreSQL restarted, ...)
+                self._writer.db.close()
+                self._writer = None
+            time.sleep(RECONNECT_AFTER_S)
+
+    def _purge_if_due(self) -> None:
+        now = time.time()
+        if self.retention_s <= 0 or now < self._next_purge or self._writer is None:
+            return
+        self._next_purge = now + PURGE_EVERY_S
+        try:
+            deleted = self._writer.purge(now - self.retention_s)
+        except DatabaseError as exc:
+            event(log, "records_purge_failed", logging.WARNING, error=str(exc))
+            return
+        if deleted:
+            event(log, "records_purged", calls=deleted, retention_days=self.retention_s / 86400)
