@@ -45,7 +45,7 @@ class ScriptedStt:
         self.delay_s = delay_s
         self.calls: list[float] = []
 
-    def transcribe(self, audio: np.ndarray) -> Transcription:
+    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
         seconds = audio.size / 16000
         self.calls.append(seconds)
         time.sleep(self.delay_s)

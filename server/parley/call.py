@@ -22,11 +22,14 @@ from parley import metrics
 from parley.audio import PIPELINE_RATE, StreamResampler
 from parley.config import Settings
 from parley.engines import Engines
+from parley.engines.stt import Transcription
 from parley.log import event
 from parley.outbound import Outbound
+from parley.pipeline.backchannels import BackchannelJudge
 from parley.pipeline.cancel import CancelScope
 from parley.pipeline.history import Conversation
 from parley.pipeline.messages import (
+    BackchannelQuery,
     EarlyUtterance,
     EndOfCall,
     InboundFrame,
@@ -38,7 +41,7 @@ from parley.pipeline.messages import (
     Utterance,
 )
 from parley.pipeline.queues import StageQueue
-from parley.pipeline.stages import LlmStage, SttStage, TtsStage, VadStage
+from parley.pipeline.stages import BackchannelStage, LlmStage, SttStage, TtsStage, VadItem, VadStage
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import TurnTaker
 
@@ -55,10 +58,6 @@ class CallListener(Protocol):
 
 INBOUND_QUEUE_FRAMES = 250  # 5 s of audio: beyond that the VAD is hopelessly behind; drop the oldest
 GREETING_KEY = "greeting"
-
-
-def normalise_words(text: str) -> str:
-    return " ".join("".join(c for c in text.lower() if c.isalnum() or c.isspace() or c == "'").split())
 
 
 class Call:
@@ -92,9 +91,9 @@ class Call:
         self._active: Response | None = None
         self._ended = threading.Event()
         self._started = False
-        self._backchannels = {normalise_words(b) for b in settings.backchannels}
 
-        self.vad_in: StageQueue[InboundFrame | KeypadDigit] = StageQueue("vad", maxsize=INBOUND_QUEUE_FRAMES)
+        self.vad_in: StageQueue[VadItem] = StageQueue("vad", maxsize=INBOUND_QUEUE_FRAMES)
+        self.backchannel_in: StageQueue[BackchannelQuery] = StageQueue("backchannel")
         self.stt_in: StageQueue[Utterance | EarlyUtterance] = StageQueue("stt")
         self.llm_in: StageQueue[Transcript] = StageQueue("llm")
         self.tts_in: StageQueue[ReplyText] = StageQueue("tts")
@@ -103,6 +102,13 @@ class Call:
         self._threads: list[threading.Thread] = [
             VadStage(self, self.vad_in, engines.vad, self.turns, self.keys_entered),
             SttStage(self, self.stt_in, engines.stt, self.llm_in),
+            BackchannelStage(
+                self,
+                self.backchannel_in,
+                engines.stt,
+                BackchannelJudge(settings.backchannels, settings.backchannel_min_logprob),
+                self.vad_in,
+            ),
             LlmStage(self, self.llm_in, engines.llm, self.tts_in),
             TtsStage(self, self.tts_in, engines.tts, self.outbound),
         ]
@@ -129,7 +135,7 @@ class Call:
             self._ended.set()
             self.end_reason = reason
         self.scope.cancel()
-        for q in (self.vad_in, self.stt_in, self.llm_in, self.tts_in):
+        for q in (self.vad_in, self.backchannel_in, self.stt_in, self.llm_in, self.tts_in):
             q.close()
         self.outbound.flush()
         self.outbound.push(EndOfCall(reason))
@@ -238,11 +244,15 @@ class Call:
         return self._active is not None or self.outbound.has_audio()
 
     def pause_agent(self) -> float:
-        return self.outbound.pause()
+        paused_at = self.outbound.pause()
+        self.emit({"type": "agent_paused", "paused_at": paused_at})
+        return paused_at
 
-    def resume_agent(self) -> None:
+    def resume_agent(self, heard: str) -> None:
+        """Not an interruption after all (a blip, or a backchannel: `heard` is what it sounded like)."""
         self.outbound.resume()
-        event(log, "false_interruption", call_id=self.call_id)
+        self.emit({"type": "agent_resumed", "heard": heard})
+        event(log, "false_interruption", call_id=self.call_id, text=heard)  # logged as a transcript is
 
     def interrupt_agent(self, onset_arrived_at: float, *, by: str = "speech") -> None:
         had_audio = self.outbound.has_audio() and by == "speech"  # paused audio counts: the pause stopped it
@@ -288,8 +298,15 @@ class Call:
         self.stt_in.put(Utterance(response, audio))
         self._set_state("thinking")
 
-    def speech_paused(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
-        self.stt_in.put(EarlyUtterance(turn_id, revision, audio, speech_end))
+    def speech_paused(
+        self,
+        turn_id: str,
+        revision: int,
+        audio: np.ndarray,
+        speech_end: float,
+        heard: Transcription | None = None,
+    ) -> None:
+        self.stt_in.put(EarlyUtterance(turn_id, revision, audio, speech_end, heard))
 
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None:
         self.scope.cancel()
@@ -327,9 +344,8 @@ class Call:
         self.llm_in.put(Transcript(response, text))
         self._set_state("thinking")
 
-    def is_backchannel(self, audio: np.ndarray) -> bool:
-        text = normalise_words(self.engines.stt.transcribe(audio).text)
-        return not text or text in self._backchannels
+    def check_backchannel(self, request: int, audio: np.ndarray, speech_ms: float) -> None:
+        self.backchannel_in.put(BackchannelQuery(request, audio, speech_ms))
 
     def _flush_stage_queues(self) -> None:
         for q in (self.stt_in, self.llm_in, self.tts_in):

@@ -19,23 +19,53 @@ ENV_PREFIX = "PARLEY_"
 ENV_ALIASES = {"cache_dir": "PARLEY_CACHE"}  # the name DESIGN.md gives the cache folder's variable
 DATABASE_SCHEMES = ("postgresql://", "postgres://")
 
+# "Gladly tell stories...": without it Qwen2.5-Coder-0.5B refused one story request in three
+# ("I'm sorry, but I can't assist with that."); with it, none, and the same right answers.
 DEFAULT_SYSTEM_PROMPT = (
-    "You are Parley, a helpful voice assistant talking to a caller on the phone. "
+    "You are Parley, a friendly voice assistant talking to a caller on the phone. Answer every question "
+    "directly and helpfully, and gladly tell stories, give recipes and recommendations. "
     "Reply in English, in one or two short spoken sentences. No lists, no markdown."
 )
 DEFAULT_GREETING = "Hello, this is Parley. How can I help you today?"
+# Said over the agent, these (alone or together: "oh wow", "uh-huh, okay") let it go on talking; spelling
+# variants are folded ("hmmm" is "hmm", "hahaha" is "ha"). See pipeline/backchannels.py.
 DEFAULT_BACKCHANNELS = (
-    "mhm",
-    "mm",
+    # fillers and non-lexical sounds
+    "uh",
+    "um",
+    "er",
+    "erm",
+    "ah",
+    "oh",
+    "ooh",
+    "eh",
     "hmm",
+    "mm",
+    "mhm",
+    "huh",
+    "ha",
+    # exclamations
+    "wow",
+    "aha",
+    "really",
+    "nice",
+    "cool",
+    "great",
+    "interesting",
+    # acknowledgements
     "uh huh",
+    "mm hmm",
     "yeah",
     "yes",
     "yep",
+    "yup",
     "okay",
     "ok",
+    "alright",
+    "all right",
     "right",
     "sure",
+    "exactly",
     "i see",
     "got it",
 )
@@ -160,8 +190,10 @@ class Settings:
     stt_workers: int = field(default=1, metadata=_opt("parallel STT batches", "engines"))
     stt_max_batch: int = field(default=8, metadata=_opt("utterances transcribed together at most", "engines"))
     llm_model: str = field(
-        default="smollm2-135m",
-        metadata=_opt("'smollm2-135m' (packaged), a causal-LM hub name, or a local folder", "engines"),
+        default="qwen2.5-0.5b",
+        metadata=_opt(
+            "'qwen2.5-0.5b' or 'smollm2-135m' (packaged), a causal-LM hub name, or a local folder", "engines"
+        ),
     )
     llm_runtime: str = field(
         default="ctranslate2",
@@ -220,10 +252,22 @@ class Settings:
         default=160, metadata=_opt("silence that ends a candidate interruption (a blip)", "turns")
     )
     backchannel_max_ms: int = field(
-        default=700, metadata=_opt("speech longer than this always interrupts the agent", "turns")
+        default=1000, metadata=_opt("speech longer than this always interrupts the agent", "turns")
     )
     backchannels: tuple[str, ...] = field(
-        default=DEFAULT_BACKCHANNELS, metadata=_opt("words that never interrupt the agent", "turns")
+        default=DEFAULT_BACKCHANNELS,
+        metadata=_opt("fillers, exclamations and acknowledgements that never interrupt the agent", "turns"),
+    )
+    backchannel_min_logprob: float = field(
+        default=-1.5,
+        metadata=_opt(
+            "a word or two Whisper is less sure of than this (mean log-probability) is a sound, not words",
+            "turns",
+        ),
+    )
+    backchannel_wait_ms: int = field(
+        default=2000,
+        metadata=_opt("the paused agent waits this long for the backchannel check, then yields", "turns"),
     )
     preroll_ms: int = field(default=300, metadata=_opt("audio kept before speech onset", "turns"))
     keypad_timeout_ms: int = field(

@@ -125,7 +125,7 @@ def test_ending_the_call_stops_every_thread() -> None:
     call = Call("c-end", "test", Settings(greeting="Hi there."), make_engines(), outbound_rate=RATE)
     before = threading.active_count()
     call.start()
-    assert call.threads_alive() == 4
+    assert call.threads_alive() == 5  # VAD, STT, LLM, TTS and the backchannel check
     assert call.end("hangup") is True
     assert call.end("hangup") is False
     assert call.join(5.0)

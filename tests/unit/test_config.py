@@ -18,7 +18,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_are_the_real_offline_models() -> None:
     settings = load_settings(parse(), environ={})
-    assert (settings.stt_model, settings.llm_model, settings.tts_voice) == ("base", "smollm2-135m", "joe")
+    assert (settings.stt_model, settings.llm_model, settings.tts_voice) == ("base", "qwen2.5-0.5b", "joe")
     assert settings.port == 8080 and settings.host == "127.0.0.1"
 
 

@@ -1,4 +1,5 @@
-"""LLM engines: the packaged SmolLM2 through CTranslate2 and transformers, and an OpenAI-style endpoint."""
+"""LLM engines: the packaged default through CTranslate2, SmolLM2 through transformers, and an OpenAI-style
+endpoint."""
 
 from __future__ import annotations
 
@@ -175,7 +176,8 @@ def test_incremental_decoding_never_splits_characters(llm: Ct2Llm) -> None:
 
 
 def test_transformers_runtime_streams_and_stops() -> None:
-    engine = load_llm(Settings(llm_runtime="transformers", llm_max_tokens=24))
+    # The small packaged model: this checks the runtime, and its transformers folder is quick to build.
+    engine = load_llm(Settings(llm_runtime="transformers", llm_model="smollm2-135m", llm_max_tokens=24))
     assert isinstance(engine, TransformersLlm)
 
     text = "".join(engine.stream(HELLO, never))

@@ -159,7 +159,8 @@ def test_leftovers_of_a_crashed_build_are_cleaned_up(tmp_path: Path) -> None:
 
 
 def test_the_converted_llm_in_the_default_cache_verifies() -> None:
-    folder = cache.llm_ct2_dir(Settings().resolved_cache_dir(), cache.PACKAGED_LLM)
+    settings = Settings()
+    folder = cache.llm_ct2_dir(settings.resolved_cache_dir(), settings.llm_model)
 
     assert cache.is_ct2_folder(folder)
     assert verify_folder(folder)
@@ -171,3 +172,48 @@ def test_a_local_ctranslate2_folder_is_used_as_is(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
 
     assert cache.llm_ct2_dir(tmp_path / "unused-cache", str(tmp_path)) == tmp_path
+
+
+def split_llm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sha256: str) -> cache.PackagedLlm:
+    """A packaged LLM in three parts, in three fake packages."""
+    for i, chunk in enumerate((b"GGUF", b"-weights-", b"end"), start=1):
+        (tmp_path / f"part{i}").mkdir()
+        (tmp_path / f"part{i}" / "data.bin").write_bytes(chunk)
+    monkeypatch.setattr(cache, "package_dir", lambda module: tmp_path / module)
+    return cache.PackagedLlm(
+        name="split",
+        packages=("part1", "part2", "part3"),
+        files=("data.bin",) * 3,
+        source="test",
+        gguf_size=16,
+        gguf_sha256=sha256,
+    )
+
+
+def test_a_model_split_over_packages_is_joined_in_order_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    llm = split_llm(tmp_path, monkeypatch, hashlib.sha256(b"GGUF-weights-end").hexdigest())
+    (tmp_path / "scratch").mkdir()
+
+    joined = cache._packaged_gguf(llm, tmp_path / "scratch")
+
+    assert joined.read_bytes() == b"GGUF-weights-end"
+
+
+def test_a_joined_model_that_is_not_the_pinned_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm = split_llm(tmp_path, monkeypatch, "0" * 64)
+    (tmp_path / "scratch").mkdir()
+
+    with pytest.raises(CacheError, match="pinned"):
+        cache._packaged_gguf(llm, tmp_path / "scratch")
+
+
+def test_the_packaged_llms_are_known_by_name() -> None:
+    assert {"qwen2.5-0.5b", "smollm2-135m"} <= set(cache.PACKAGED_LLMS)
+    pinned = cache.PACKAGED_LLMS["qwen2.5-0.5b"].gguf_sha256  # its packages ship no checksum of their own
+    assert pinned is not None and len(pinned) == 64

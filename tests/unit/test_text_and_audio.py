@@ -60,7 +60,7 @@ def test_first_piece_is_an_early_clause_then_whole_sentences() -> None:
     for word in reply.split(" "):
         pieces += segmenter.push(word + " ")
     pieces += segmenter.flush()
-    assert pieces == ["Sure, the weather in Paris is mild today.", "Take a jacket!", "Bye"]
+    assert pieces == ["Sure, the weather in Paris", "is mild today.", "Take a jacket!", "Bye"]
     assert clean_for_speech("# Title with `code` and [a link](http://x)") == "Title with code and a link"
 
 
@@ -81,3 +81,20 @@ def test_prompt_holds_earlier_turns_as_heard_and_a_newer_revision_replaces_the_t
     ]
     states = {t["turn_id"]: t["agent_state"] for t in conversation.snapshot()}
     assert states == {"greeting": "committed", "t1": "interrupted", "t2": "pending"}
+
+
+def test_a_first_sentence_without_a_comma_is_spoken_from_its_first_phrase_break() -> None:
+    def pieces_of(reply: str) -> list[str]:
+        segmenter = ReplySegmenter()
+        pieces: list[str] = []
+        for word in reply.split(" "):
+            pieces += segmenter.push(word + " ")
+        return pieces + segmenter.flush()
+
+    assert pieces_of("The capital of France is Paris. It is lovely.") == [
+        "The capital of France",
+        "is Paris.",
+        "It is lovely.",
+    ]
+    assert pieces_of("Water boils at 100 degrees Celsius.") == ["Water boils at 100 degrees Celsius."]
+    assert pieces_of("The inside of the island is green.") == ["The inside of the island", "is green."]

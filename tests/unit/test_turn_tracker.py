@@ -204,10 +204,11 @@ def test_begin_is_refused_for_a_committed_revision() -> None:
 
 def test_begin_is_refused_when_committed_above_the_revision() -> None:
     tracker = SpeculativeTurnTracker()
-    tracker.observe(T, 0)
+    tracker.observe(T, 1)
     tracker.commit(T, 1)
 
     assert tracker.begin_reopen_candidate(T, 0) is None
+    assert tracker.begin_reopen_candidate(T, 1) is None
 
 
 def test_begin_is_refused_for_a_superseded_revision() -> None:
@@ -281,15 +282,15 @@ def test_confirm_without_a_candidate_is_refused() -> None:
     assert tracker.is_latest(T, 0)
 
 
-def test_confirm_after_a_commit_above_the_base_drops_the_entry() -> None:
+def test_a_commit_above_the_newest_revision_records_nothing_and_the_candidate_stands() -> None:
     tracker = SpeculativeTurnTracker()
     tracker.observe(T, 0)
     candidate = tracker.begin_reopen_candidate(T, 0)
-    tracker.commit(T, 1)  # not deferred: the pending candidate is on revision 0
+    tracker.commit(T, 1)  # not the newest revision: nothing is recorded
 
-    assert not tracker.confirm_reopen_candidate(T, 0, candidate)
-    assert not tracker.has_pending_reopen(T, 0)
-    assert tracker.is_latest(T, 0)
+    assert not tracker.is_committed(T)
+    assert tracker.confirm_reopen_candidate(T, 0, candidate)
+    assert tracker.is_latest(T, 1)
 
 
 def test_confirm_after_the_base_was_superseded_drops_the_entry() -> None:
@@ -706,6 +707,50 @@ def test_commit_is_deferred_while_a_candidate_on_the_revision_is_pending() -> No
     tracker.cancel_reopen_candidate(T, candidate)
     tracker.commit(T, 0)
     assert tracker.is_committed(T, 0)
+
+
+def test_commit_of_an_untracked_turn_records_nothing() -> None:
+    tracker = SpeculativeTurnTracker()
+
+    tracker.commit(T, 0)
+
+    assert not tracker.is_committed(T)
+    assert tracker.begin_reopen_candidate(T, 0) == 1
+
+
+def test_commit_of_an_older_revision_records_nothing() -> None:
+    tracker = SpeculativeTurnTracker()
+    tracker.observe(T, 2)
+
+    tracker.commit(T, 1)
+
+    assert not tracker.is_committed(T)
+    assert not tracker.is_committed(T, 1)
+    assert tracker.begin_reopen_candidate(T, 2) == 3
+
+
+def test_a_turn_id_recycled_after_reset_is_never_read_as_committed() -> None:
+    tracker = SpeculativeTurnTracker()
+    tracker.observe(T, 0)
+    tracker.commit(T, 0)
+    tracker.reset()
+
+    tracker.commit(T, 0)  # a late commit of the old turn, after the reset
+
+    assert not tracker.is_committed(T)
+    tracker.observe(T, 0)
+    assert not tracker.is_committed(T)
+
+
+def test_a_turn_id_recycled_after_pruning_is_never_read_as_committed() -> None:
+    tracker = SpeculativeTurnTracker(max_tracked_turns=1)
+    tracker.observe("t1", 0)
+    tracker.observe("t2", 0)  # t1 is forgotten
+
+    tracker.commit("t1", 0)
+
+    assert not tracker.is_committed("t1")
+    assert tracker.is_latest("t1", 5)
 
 
 def test_commit_if_latest_on_an_untracked_turn_is_true_and_records_nothing() -> None:

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from parley.config import Settings
+from parley.engines.stt import Transcription
+from parley.pipeline.messages import BargeVerdict
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import Mode, TurnTaker
 
@@ -20,7 +22,8 @@ class Control:
         self.active = False
         self.log: list[str] = []
         self.ended: list[tuple[str, int, int]] = []
-        self.backchannel = False
+        self.checks: list[tuple[int, int]] = []  # (request, audio samples) asked of the backchannel check
+        self.ahead: list[Transcription] = []
         self.turns = 0
 
     def agent_active(self) -> bool:
@@ -30,7 +33,7 @@ class Control:
         self.log.append("pause")
         return time.monotonic()
 
-    def resume_agent(self) -> None:
+    def resume_agent(self, heard: str) -> None:
         self.log.append("resume")
 
     def interrupt_agent(self, onset_arrived_at: float) -> None:
@@ -47,15 +50,25 @@ class Control:
     def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
         self.ended.append((turn_id, revision, audio.size))
 
-    def speech_paused(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
-        self.log.append("paused")
+    def speech_paused(
+        self,
+        turn_id: str,
+        revision: int,
+        audio: np.ndarray,
+        speech_end: float,
+        heard: Transcription | None = None,
+    ) -> None:
+        if heard is not None:
+            self.ahead.append(heard)
+        else:
+            self.log.append("paused")
 
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None:
         self.log.append(f"reopen {turn_id} {base}->{candidate}")
 
-    def is_backchannel(self, audio: np.ndarray) -> bool:
+    def check_backchannel(self, request: int, audio: np.ndarray, speech_ms: float) -> None:
         self.log.append("check")
-        return self.backchannel
+        self.checks.append((request, audio.size))
 
 
 @pytest.fixture
@@ -66,15 +79,23 @@ def setup() -> tuple[TurnTaker, Control, SpeculativeTurnTracker]:
         reopen_grace_ms=600,
         blip_silence_ms=160,
         backchannel_max_ms=700,
+        backchannel_wait_ms=1000,
     )
     tracker = SpeculativeTurnTracker()
     control = Control()
     return TurnTaker(settings, tracker, control, CHUNK_MS), control, tracker
 
 
+class Clock:
+    """When each chunk arrived: chunks arrive 32 ms apart, however fast a test feeds them."""
+
+    now = time.monotonic()
+
+
 def feed(taker: TurnTaker, probability: float, ms: float) -> None:
     for _ in range(round(ms / CHUNK_MS)):
-        taker.process(CHUNK, probability, time.monotonic())
+        Clock.now += CHUNK_MS / 1000
+        taker.process(CHUNK, probability, Clock.now)
 
 
 def test_speech_then_silence_makes_one_turn(setup) -> None:  # type: ignore[no-untyped-def]
@@ -140,23 +161,91 @@ def test_long_speech_over_the_agent_interrupts_and_starts_a_turn(setup) -> None:
     assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]
 
 
-def test_a_backchannel_resumes_the_agent(setup) -> None:  # type: ignore[no-untyped-def]
+def answer(taker: TurnTaker, control: Control, backchannel: bool, text: str, *, which: int = -1) -> None:
+    """The backchannel check's verdict on a request it was asked, as the VAD queue delivers it."""
+    request = control.checks[which][0]
+    heard = Transcription(text, no_speech_prob=0.1, seconds=0.2, avg_logprob=-0.5)
+    taker.verdict(BargeVerdict(request, backchannel, "test", heard))
+
+
+def test_short_speech_over_the_agent_is_checked_without_waiting_and_chunks_keep_flowing(setup) -> None:  # type: ignore[no-untyped-def]
     taker, control, _ = setup
     control.active = True
-    control.backchannel = True
-    feed(taker, 0.9, 400)
-    feed(taker, 0.0, 200)
+    feed(taker, 0.9, 320)
+    assert control.log == ["pause"]  # the agent is paused at once; nothing asked while speech goes on
+    feed(taker, 0.0, 32)
+    assert control.log == ["pause", "check"]  # asked at the first silent chunk
+    feed(taker, 0.0, 600)
+    assert control.log == ["pause", "check"]  # still paused: neither resumed nor cut without a verdict
+    assert taker.mode is Mode.BARGE
+
+
+def test_a_backchannel_resumes_the_agent_once_its_silence_is_a_blips(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 320)
+    feed(taker, 0.0, 64)
+    answer(taker, control, True, "Oh wow.")
+    assert "resume" not in control.log  # 64 ms of silence: the caller may go on
+    feed(taker, 0.0, 128)
     assert control.log == ["pause", "check", "resume"]
+    assert taker.mode is Mode.IDLE and control.turns == 0
 
 
-def test_a_short_word_that_is_not_a_backchannel_interrupts(setup) -> None:  # type: ignore[no-untyped-def]
+def test_words_over_the_agent_interrupt_as_soon_as_the_verdict_is_in(setup) -> None:  # type: ignore[no-untyped-def]
     taker, control, _ = setup
     control.active = True
-    feed(taker, 0.9, 400)
-    feed(taker, 0.0, 200)
+    feed(taker, 0.9, 320)
+    feed(taker, 0.0, 320)
+    answer(taker, control, False, "No.")
     assert control.log[:3] == ["pause", "check", "interrupt"]
-    feed(taker, 0.0, 200)
-    assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]
+    assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]  # 320 ms of silence: the turn is over
+    assert [h.text for h in control.ahead] == ["No."]  # and the check's transcript stands for the turn's
+
+
+def test_a_filler_then_words_interrupts(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 256)  # "uh,"
+    feed(taker, 0.0, 64)
+    feed(taker, 0.9, 256)  # "wait"
+    answer(taker, control, True, "Uh.", which=0)  # the verdict on "uh" alone comes too late to matter
+    assert "resume" not in control.log
+    feed(taker, 0.0, 64)
+    assert len(control.checks) == 2 and control.checks[1][1] > control.checks[0][1]  # asked again, on all
+    answer(taker, control, False, "Uh, wait.")
+    assert "interrupt" in control.log and "resume" not in control.log
+
+
+def test_words_in_an_older_check_interrupt_even_while_the_caller_goes_on(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 256)  # "no"
+    feed(taker, 0.0, 64)
+    feed(taker, 0.9, 96)  # "no, ..."
+    answer(taker, control, False, "No.", which=0)
+    assert "interrupt" in control.log and taker.mode is Mode.SPEAKING
+    assert control.ahead == []  # the transcript of a part is not the turn's
+
+
+def test_no_verdict_in_time_lets_the_caller_have_the_turn(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 320)
+    feed(taker, 0.0, 1100)
+    assert control.log[:3] == ["pause", "check", "interrupt"]
+
+
+def test_a_verdict_for_a_decided_candidate_changes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 320)
+    feed(taker, 0.0, 32)
+    feed(taker, 0.9, 800)  # long speech: a barge-in without waiting for the check
+    assert control.log.count("interrupt") == 1
+    answer(taker, control, True, "Uh.", which=0)
+    answer(taker, control, False, "Uh.", which=0)
+    assert control.log.count("interrupt") == 1 and "resume" not in control.log
 
 
 def test_a_short_pause_transcribes_the_turn_ahead_once() -> None:

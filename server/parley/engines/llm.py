@@ -93,7 +93,9 @@ class Ct2Llm:
         from transformers import PreTrainedTokenizerFast
 
         workers = max(1, workers)
-        self._tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+        # fix_mistral_regex: transformers reads CTranslate2's config.json beside the tokenizer, finds no
+        # model type and warns about a Mistral tokenizer bug; these are not Mistral tokenizers.
+        self._tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir), fix_mistral_regex=False)
         # The Rust tokenizer refuses concurrent use while one thread changes its padding/truncation.
         self._tokenizer_lock = threading.Lock()
         self._generator = ctranslate2.Generator(

@@ -10,9 +10,9 @@ calls go through one queue; each worker takes whatever is waiting and runs one g
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
-import re
 import threading
 import time
 from concurrent.futures import Future
@@ -27,6 +27,7 @@ from parley.config import Settings
 from parley.engines.cache import whisper_base_dir
 from parley.engines.device import cpu_threads, resolve_device
 from parley.log import event
+from parley.text import normalise_words
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,13 @@ class Transcription:
     text: str
     no_speech_prob: float
     seconds: float
+    avg_logprob: float = 0.0  # Whisper's mean token log-probability: how sure it is of the words
 
 
 class SttEngine(Protocol):
-    def transcribe(self, audio: np.ndarray) -> Transcription: ...
+    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
+        """`urgent`: ahead of the utterances already waiting (a paused agent is waiting for it)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -120,16 +124,12 @@ def _speech_end(samples: np.ndarray) -> float:
     return last / SAMPLE_RATE + SEGMENT_SLACK_S
 
 
-def _normalise(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
-
-
 def _clean(text: str, no_speech_prob: float, avg_logprob: float) -> str:
     text = " ".join(text.split())[:MAX_TEXT_CHARS]
     # Whisper's own rule for a silent window, then its usual inventions on noise.
     if no_speech_prob > 0.6 and avg_logprob < -1.0:
         return ""
-    if no_speech_prob > 0.3 and _normalise(text) in HALLUCINATIONS:
+    if no_speech_prob > 0.3 and normalise_words(text) in HALLUCINATIONS:
         return ""
     return text
 
@@ -177,7 +177,9 @@ class WhisperStt:
         self._transcribe = token("<|transcribe|>")
         self._timestamp_begin = token("<|notimestamps|>") + 1
         self._max_batch = max(1, max_batch)
-        self._queue: queue.SimpleQueue[_Window | None] = queue.SimpleQueue()
+        # (priority, order, window): urgent windows first, then in order; the stop sentinels (None) last.
+        self._queue: queue.PriorityQueue[tuple[int, int, _Window | None]] = queue.PriorityQueue()
+        self._order = itertools.count()
         self._closed = False
         self._lock = threading.Lock()
         self._threads = [
@@ -188,12 +190,13 @@ class WhisperStt:
 
     # Caller side
 
-    def transcribe(self, audio: np.ndarray) -> Transcription:
+    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
         started = time.perf_counter()
         samples = to_float32(np.asarray(audio)).reshape(-1)
         if samples.size < MIN_SAMPLES or float(np.max(np.abs(samples))) < SILENT_PEAK:
             return Transcription("", 1.0, time.perf_counter() - started)
         texts: list[str] = []
+        logprobs: list[float] = []
         no_speech = 1.0
         start = 0
         while samples.size - start >= MIN_SAMPLES:
@@ -204,9 +207,10 @@ class WhisperStt:
             padding = max(TAIL_PADDING, MIN_CONTEXT_SAMPLES - chunk.size)
             features = self._model.feature_extractor(chunk, padding=padding)[:, :MAX_FRAMES]
             window = _Window(features.astype(np.float32), chunk.size / SAMPLE_RATE)
-            self._submit(window)
+            self._submit(window, urgent)
             decoded = window.future.result()
             no_speech = min(no_speech, decoded.no_speech_prob)
+            logprobs.append(decoded.avg_logprob)
             # Like Whisper's own long-form loop: a segment the window cut off is decoded again from its
             # start in the next window.
             open_starts = [seg.start for seg in decoded.segments if not seg.complete]
@@ -223,14 +227,15 @@ class WhisperStt:
                 break
             start = start + int(resume * SAMPLE_RATE) if resuming else end
         text = " ".join(t for t in texts if t)[:MAX_TEXT_CHARS]
-        return Transcription(text, no_speech, time.perf_counter() - started)
+        avg_logprob = sum(logprobs) / len(logprobs) if logprobs else 0.0
+        return Transcription(text, no_speech, time.perf_counter() - started, avg_logprob)
 
-    def _submit(self, window: _Window) -> None:
+    def _submit(self, window: _Window, urgent: bool = False) -> None:
         # Under the lock so that nothing is queued behind the workers' stop sentinels.
         with self._lock:
             if self._closed:
                 raise SttClosed("the STT engine is closed")
-            self._queue.put(window)
+            self._queue.put((0 if urgent else 1, next(self._order), window))
 
     def close(self) -> None:
         with self._lock:
@@ -238,13 +243,13 @@ class WhisperStt:
                 return
             self._closed = True
             for _ in self._threads:
-                self._queue.put(None)
+                self._queue.put((2, next(self._order), None))
         for thread in self._threads:
             thread.join()
         # Anything queued after the sentinels would wait forever: fail it instead.
         while True:
             try:
-                item = self._queue.get_nowait()
+                _, _, item = self._queue.get_nowait()
             except queue.Empty:
                 break
             if item is not None and item.future.set_running_or_notify_cancel():
@@ -254,14 +259,14 @@ class WhisperStt:
 
     def _serve(self) -> None:
         while True:
-            first = self._queue.get()
+            _, _, first = self._queue.get()
             if first is None:
                 return
             batch = [first]
             stop = False
             while len(batch) < self._max_batch:
                 try:
-                    item = self._queue.get_nowait()
+                    _, _, item = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:

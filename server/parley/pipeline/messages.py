@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from parley.engines.stt import Transcription
+
 
 @dataclass(frozen=True)
 class Tag:
@@ -75,6 +77,25 @@ class KeypadDigit:
 
 
 @dataclass(frozen=True)
+class BackchannelQuery:
+    """Short speech heard over the paused agent: was it a backchannel, or the caller taking the turn?"""
+
+    request: int
+    audio: np.ndarray  # int16, 16 kHz, all of it since the speech began
+    speech_ms: float  # how much of it the VAD took for speech
+
+
+@dataclass(frozen=True)
+class BargeVerdict:
+    """The answer to a BackchannelQuery, back in the VAD queue so turn decisions stay in order."""
+
+    request: int
+    backchannel: bool
+    reason: str
+    heard: Transcription | None  # None when the check failed
+
+
+@dataclass(frozen=True)
 class Utterance:
     response: Response
     audio: np.ndarray  # int16, 16 kHz
@@ -88,6 +109,7 @@ class EarlyUtterance:
     revision: int
     audio: np.ndarray
     speech_end: float  # the same reading the turn's Utterance will carry if no speech follows
+    heard: Transcription | None = None  # already transcribed (by the backchannel check): reuse it
 
 
 @dataclass(frozen=True)

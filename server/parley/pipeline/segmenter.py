@@ -1,7 +1,10 @@
 """Cuts streamed reply text into pieces worth speaking: an early first clause, then whole sentences.
 
 Speech starts when the first piece is synthesised, so the first piece ends at the first clause
-boundary once a few words are in; later pieces are sentences, which sound better.
+boundary once a few words are in, or, in a sentence without one, before the first word that opens a
+phrase once four words are in ("The capital of France | is Paris."); later pieces are sentences, which
+sound better. The phrase break costs a little prosody and saves the rest of the sentence's tokens: with
+Qwen2.5-0.5B on 2 cores (26 tokens/s), most plain answers are one 6-20 word sentence with no comma.
 """
 
 from __future__ import annotations
@@ -14,6 +17,12 @@ _MARKUP = re.compile(r"[*_`#>|]+|\[(.*?)\]\(.*?\)")
 _SPACES = re.compile(r"\s+")
 
 FIRST_PIECE_MIN_WORDS = 3
+FIRST_PIECE_PHRASE_WORDS = 4  # words before a phrase break may end the first piece
+PHRASE_OPENERS = frozenset((
+    "is", "are", "was", "were", "will", "can", "in", "on", "at", "for", "with", "by", "from", "and", "but",
+    "or", "because", "which", "that", "who", "when", "where",
+))  # fmt: skip
+_WORD = re.compile(r"\S+(?=\s)")
 LONG_PIECE_WORDS = 28
 
 
@@ -68,6 +77,9 @@ class ReplySegmenter:
                 end = boundary.end()
                 if boundary.group("sentence") or len(self._buffer[:end].split()) >= FIRST_PIECE_MIN_WORDS:
                     return end
+            phrase = self._phrase_break()
+            if phrase is not None:
+                return phrase
         else:
             sentence = _SENTENCE_END.search(self._buffer)
             if sentence is not None:
@@ -75,4 +87,11 @@ class ReplySegmenter:
         words = self._buffer.split()
         if len(words) > LONG_PIECE_WORDS and self._buffer[-1:].isspace():
             return len(self._buffer)
+        return None
+
+    def _phrase_break(self) -> int | None:
+        """Where the first phrase opener (a whole word, four words in or later) begins, if any."""
+        for index, word in enumerate(_WORD.finditer(self._buffer)):
+            if index >= FIRST_PIECE_PHRASE_WORDS and word.group().lower() in PHRASE_OPENERS:
+                return word.start()
         return None

@@ -25,10 +25,13 @@ from parley.engines.tts import TtsEngine
 from parley.engines.vad import VadEngine
 from parley.log import event
 from parley.outbound import Outbound
+from parley.pipeline.backchannels import BackchannelJudge
 from parley.pipeline.history import Conversation
 from parley.pipeline.keypad import KeypadEntry
 from parley.pipeline.messages import (
     AudioChunk,
+    BackchannelQuery,
+    BargeVerdict,
     EarlyUtterance,
     EndOfResponse,
     InboundFrame,
@@ -99,8 +102,12 @@ class Stage(threading.Thread, Generic[Item]):
         """After a failure on `item`: leave the call consistent (by default, nothing to do)."""
 
 
-class VadStage(Stage[InboundFrame | KeypadDigit]):
-    """Speech probabilities per VAD chunk for the turn-taker, and keypad entries in order with them."""
+VadItem = InboundFrame | KeypadDigit | BargeVerdict
+
+
+class VadStage(Stage[VadItem]):
+    """Speech probabilities per VAD chunk for the turn-taker, and keypad entries and backchannel verdicts
+    in order with them."""
 
     stage_name = "vad"
     engine_name = "vad"
@@ -109,7 +116,7 @@ class VadStage(Stage[InboundFrame | KeypadDigit]):
     def __init__(
         self,
         ctx: StageContext,
-        inbox: StageQueue[InboundFrame | KeypadDigit],
+        inbox: StageQueue[VadItem],
         vad: VadEngine,
         turns: TurnTaker,
         on_keys: Callable[[str], None],
@@ -122,9 +129,12 @@ class VadStage(Stage[InboundFrame | KeypadDigit]):
         self._on_keys = on_keys
         self._latency = metrics.STAGE_LATENCY.labels(stage="vad")
 
-    def handle(self, item: InboundFrame | KeypadDigit) -> None:
+    def handle(self, item: VadItem) -> None:
         if isinstance(item, KeypadDigit):
             self._keys(self.keypad.push(item.digit, item.arrived_at))
+            return
+        if isinstance(item, BargeVerdict):
+            self.turns.verdict(item)
             return
         for chunk in self.splitter.push(item.pcm):
             started = time.perf_counter()
@@ -134,7 +144,9 @@ class VadStage(Stage[InboundFrame | KeypadDigit]):
         self._keys(self.keypad.poll(item.arrived_at))
 
     def idle(self) -> None:
-        self._keys(self.keypad.poll(time.monotonic()))
+        now = time.monotonic()
+        self._keys(self.keypad.poll(now))
+        self.turns.poll(now)
 
     def _keys(self, entry: str | None) -> None:
         if entry:
@@ -162,8 +174,10 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
 
     def handle(self, item: Utterance | EarlyUtterance) -> None:
         if isinstance(item, EarlyUtterance):
+            if item.heard is not None:
+                self._early = (item, item.heard)
             # Only the newest pause matters: an utterance or a later pause queued behind this one wins.
-            if not self.inbox.any(lambda queued: isinstance(queued, Utterance | EarlyUtterance)):
+            elif not self.inbox.any(lambda queued: isinstance(queued, Utterance | EarlyUtterance)):
                 self._early = (item, self.stt.transcribe(item.audio))
             return
         response = item.response
@@ -222,6 +236,48 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
         folder.mkdir(parents=True, exist_ok=True)
         name = f"{tag.turn_id}.r{tag.revision}.wav".replace(":", "_")
         soundfile.write(str(folder / name), item.audio, PIPELINE_RATE, subtype="PCM_16")
+
+
+class BackchannelStage(Stage[BackchannelQuery]):
+    """Judges speech heard over the paused agent off the VAD thread: Whisper (ahead of the utterances
+    waiting for it), then the judge; the verdict goes back into the VAD queue."""
+
+    stage_name = "backchannel"
+    engine_name = "stt"
+
+    def __init__(
+        self,
+        ctx: StageContext,
+        inbox: StageQueue[BackchannelQuery],
+        stt: SttEngine,
+        judge: BackchannelJudge,
+        verdicts: StageQueue[VadItem],
+    ):
+        super().__init__(ctx, inbox)
+        self.stt = stt
+        self.judge = judge
+        self.verdicts = verdicts
+
+    def handle(self, item: BackchannelQuery) -> None:
+        if self.inbox.any(lambda _: True):
+            return  # a newer query holds all this one's audio and more: the turn-taker waits for that one
+        heard = self.stt.transcribe(item.audio, urgent=True)
+        verdict = self.judge.judge(heard, item.speech_ms)
+        event(
+            log,
+            "backchannel_check",
+            call_id=self.ctx.call_id,
+            backchannel=verdict.backchannel,
+            reason=verdict.reason,
+            text=heard.text,
+            logprob=round(heard.avg_logprob, 2),
+            stt_s=round(heard.seconds, 3),
+        )
+        self.verdicts.put(BargeVerdict(item.request, verdict.backchannel, verdict.reason, heard))
+
+    def recover(self, item: BackchannelQuery) -> None:
+        # The agent is paused waiting for this: a failed check lets the caller have the turn.
+        self.verdicts.put(BargeVerdict(item.request, False, "failed", None))
 
 
 class LlmStage(Stage[Transcript]):

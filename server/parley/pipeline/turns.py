@@ -215,14 +215,16 @@ class SpeculativeTurnTracker:
             return self._is_latest_locked(turn_id, revision)
 
     def commit(self, turn_id: str | None, revision: int | None) -> None:
-        """Record `revision` as final, unless a candidate on it is pending (then nothing is recorded)."""
+        """Record `revision` as final when it is the tracked turn's newest, unless a candidate on it is
+        pending (then nothing is recorded). An untracked turn (never observed, reset or pruned) or an
+        older revision records nothing, so a recycled turn id never reads as committed."""
         if turn_id is None or revision is None:
             return
         with self._condition:
             state = self._turns.get(turn_id)
-            if state is None:
-                state = self._add_turn_locked(turn_id, revision)
-            elif self._pending_on_locked(turn_id, revision) is not None:
+            if state is None or state.newest != revision:
+                return
+            if self._pending_on_locked(turn_id, revision) is not None:
                 logger.debug("commit of turn %s revision %d deferred: reopen pending", turn_id, revision)
                 return
             self._commit_locked(state, revision)

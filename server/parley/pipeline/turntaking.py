@@ -9,13 +9,20 @@ Runs on the call's VAD thread, one VAD chunk (32 ms) at a time. It decides; the 
 - speech inside the grace window is a reopen candidate: `min_speech_ms` of it confirms (the new audio
   joins the old utterance as the next revision); less is a blip and the reply goes on untouched;
 - speech while the agent talks (or prepares a reply) pauses the agent at the first chunk, then either
-  resumes it (a blip, or a backchannel like "mhm" once transcribed) or confirms a barge-in (longer than
-  `backchannel_max_ms`, or a short word that is not a backchannel).
+  resumes it or confirms a barge-in. Shorter than `min_speech_ms` it is a blip; longer than
+  `backchannel_max_ms` it is the caller talking. In between, at its first silent chunk, the audio goes to
+  the call's backchannel check (Whisper, on another thread) while chunks keep coming; its verdict
+  comes back through the VAD queue (`verdict`). A backchannel ("uh", "oh wow", a laugh) resumes the
+  agent once the silence is as long as a blip's; words confirm the barge-in at once, even when more
+  speech followed ("uh, wait"); more speech before a backchannel verdict asks again, on all of it. No
+  verdict within `backchannel_wait_ms` confirms the barge-in: the caller spoke, and could not be told
+  apart from a filler in time.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,6 +31,8 @@ import numpy as np
 
 from parley import metrics
 from parley.config import Settings
+from parley.engines.stt import Transcription
+from parley.pipeline.messages import BargeVerdict
 from parley.pipeline.turns import SpeculativeTurnTracker
 
 NEGATIVE_THRESHOLD_GAP = 0.15  # hysteresis: speech ends below threshold - gap (as silero's own iterator)
@@ -35,14 +44,23 @@ class TurnControl(Protocol):
 
     def agent_active(self) -> bool: ...
     def pause_agent(self) -> float: ...
-    def resume_agent(self) -> None: ...
+    def resume_agent(self, heard: str) -> None: ...
     def interrupt_agent(self, onset_arrived_at: float) -> None: ...
     def open_turn(self) -> str: ...
     def user_started_speaking(self) -> None: ...
-    def speech_paused(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None: ...
+    def speech_paused(
+        self,
+        turn_id: str,
+        revision: int,
+        audio: np.ndarray,
+        speech_end: float,
+        heard: Transcription | None = None,
+    ) -> None: ...
     def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None: ...
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None: ...
-    def is_backchannel(self, audio: np.ndarray) -> bool: ...
+    def check_backchannel(self, request: int, audio: np.ndarray, speech_ms: float) -> None:
+        """Judge this speech heard over the agent, off the VAD thread; answer with `TurnTaker.verdict`."""
+        ...
 
 
 class Mode(enum.Enum):
@@ -66,6 +84,17 @@ class _Segment:
 
     def samples(self) -> np.ndarray:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.int16)
+
+
+@dataclass
+class _Check:
+    """A backchannel check asked for the speech heard so far over the paused agent."""
+
+    request: int
+    speech_ms: float  # the speech when asked: more speech since makes its answer partial
+    asked_at: float
+    heard: Transcription | None = None
+    backchannel: bool | None = None  # None until the verdict is in
 
 
 @dataclass
@@ -95,6 +124,8 @@ class TurnTaker:
         self._candidate: int | None = None
         self._early_sent_for = 0.0
         self._early_after_ms = float(settings.early_stt_ms)
+        self._checks: list[_Check] = []  # this barge-in candidate's backchannel checks, oldest first
+        self._requests = itertools.count(1)
 
     def process(self, chunk: np.ndarray, probability: float, arrived_at: float) -> None:
         """Take one VAD chunk and its speech probability; `arrived_at` is when its last frame arrived."""
@@ -122,7 +153,34 @@ class TurnTaker:
         elif self.mode is Mode.REOPEN:
             self._decide_reopen()
         elif self.mode is Mode.BARGE:
-            self._decide_barge()
+            self._decide_barge(is_silence, arrived_at)
+
+    def verdict(self, verdict: BargeVerdict) -> None:
+        """The backchannel check's answer (VAD thread, in order with the audio)."""
+        check = next((c for c in self._checks if c.request == verdict.request), None)
+        if self.mode is not Mode.BARGE or check is None:
+            return  # this candidate was decided meanwhile
+        if not verdict.backchannel:
+            # Words, even in part of what was said: the caller is talking. The transcript stands for the
+            # turn's when nothing was said since.
+            current = check.speech_ms == self._segment.speech_ms
+            self._confirm_barge_in(verdict.heard if current else None)
+            return
+        check.backchannel = True
+        check.heard = verdict.heard
+        self._resume_if_settled()
+
+    def poll(self, now: float) -> None:
+        """No audio came for a while (VAD thread; a peer that sends nothing in silence): the gap counts
+        as silence for asking the backchannel check, and its time runs out as it would with audio."""
+        if self.mode is not Mode.BARGE:
+            return
+        seg = self._segment
+        if self._checks and self._checks[-1].speech_ms == seg.speech_ms:
+            if self._check_overdue(self._checks[-1], now):
+                self._confirm_barge_in()
+        elif seg.speech_ms >= self.settings.min_speech_ms:
+            self._ask(now)
 
     # onset
 
@@ -214,27 +272,63 @@ class TurnTaker:
             metrics.REOPEN_CANDIDATES_TOTAL.labels(outcome="cancelled").inc()
             self._to_idle()
 
-    def _decide_barge(self) -> None:
+    def _decide_barge(self, is_silence: bool, arrived_at: float) -> None:
         seg = self._segment
+        ended = seg.silence_ms >= self.settings.blip_silence_ms or seg.total_ms >= UNDECIDED_LIMIT_MS
         if seg.speech_ms >= self.settings.backchannel_max_ms:
             self._confirm_barge_in()
-        elif seg.silence_ms >= self.settings.blip_silence_ms or seg.total_ms >= UNDECIDED_LIMIT_MS:
-            if seg.speech_ms >= self.settings.min_speech_ms and not self.control.is_backchannel(
-                seg.samples()
-            ):
-                self._confirm_barge_in()
-                return
-            metrics.FALSE_INTERRUPTIONS_TOTAL.inc()
-            self.control.resume_agent()
-            self._to_idle()
+        elif seg.speech_ms < self.settings.min_speech_ms:
+            if ended:
+                self._resume(None)  # too short for a word: a blip
+        elif not self._checks or self._checks[-1].speech_ms != seg.speech_ms:
+            # Asked at the first silent chunk, not once the silence says the speech ended: Whisper's
+            # verdict is then in about when the blip silence is over.
+            if is_silence or seg.total_ms >= UNDECIDED_LIMIT_MS:
+                self._ask(arrived_at)
+        elif self._check_overdue(self._checks[-1], arrived_at):
+            self._confirm_barge_in()
+        else:
+            self._resume_if_settled()
+
+    def _ask(self, now: float) -> None:
+        request = next(self._requests)
+        self._checks.append(_Check(request, self._segment.speech_ms, now))
+        self.control.check_backchannel(request, self._segment.samples(), self._segment.speech_ms)
+
+    def _check_overdue(self, check: _Check, now: float) -> bool:
+        return check.backchannel is None and now - check.asked_at >= self.settings.backchannel_wait_ms / 1000
+
+    def _resume_if_settled(self) -> None:
+        """Resume once the newest check said "backchannel" for all that was said, and it has ended."""
+        seg = self._segment
+        check = self._checks[-1] if self._checks else None
+        if (
+            check is not None
+            and check.backchannel
+            and check.speech_ms == seg.speech_ms
+            and seg.silence_ms >= self.settings.blip_silence_ms
+        ):
+            self._resume(check.heard)
 
     # transitions
 
-    def _confirm_barge_in(self) -> None:
+    def _resume(self, heard: Transcription | None) -> None:
+        metrics.FALSE_INTERRUPTIONS_TOTAL.inc()
+        self.control.resume_agent(heard.text if heard is not None else "")
+        self._to_idle()
+
+    def _confirm_barge_in(self, heard: Transcription | None = None) -> None:
         seg = self._segment
         self.control.interrupt_agent(seg.onset_arrived_at)
         self._closed = None
+        self._checks = []
         self._open_turn(self.control.open_turn(), 0, seg.audio)
+        if heard is not None and self._turn is not None:
+            # The check already transcribed this speech: the turn uses that transcript if it ends here.
+            turn_id, revision = self._turn
+            self._early_sent_for = seg.last_speech_at
+            audio = np.concatenate(self._turn_audio)
+            self.control.speech_paused(turn_id, revision, audio, seg.last_speech_at, heard)
         self._decide_speaking()
 
     def _open_turn(self, turn_id: str, revision: int, audio: list[np.ndarray]) -> None:
@@ -263,6 +357,7 @@ class TurnTaker:
         self.mode = Mode.IDLE
         self._segment = _Segment()
         self._preroll.clear()
+        self._checks = []
 
     @property
     def in_turn(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +36,9 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
+WAL_SWITCH_WAIT_S = 10.0
+
+
 class SqliteDatabase:
     """One SQLite connection. WAL lets the API read while the writer writes; with synchronous=NORMAL a
     committed event survives the process crashing (only a power loss can take the last ones)."""
@@ -46,10 +50,23 @@ class SqliteDatabase:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10)
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._wal()
             self._conn.execute("PRAGMA synchronous=NORMAL")
         except (OSError, sqlite3.Error) as exc:
             raise DatabaseError(f"cannot open the records database {path}: {exc}") from exc
+
+    def _wal(self) -> None:
+        """Switch to WAL. Switching needs the database to itself and SQLite does not wait for that (the
+        busy timeout does not apply): when several instances open a new file at once, retry briefly."""
+        deadline = time.monotonic() + WAL_SWITCH_WAIT_S
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:

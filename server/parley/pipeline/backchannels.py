@@ -1,0 +1,92 @@
+"""Short speech over the agent: a backchannel (it goes on talking) or the caller taking the turn?
+
+Judged from what Whisper made of the sound, never from the sound's length alone (a real "no" is as short
+as an "uh"). The agent goes on when Whisper heard:
+
+- nothing lexical: no text, or only its annotations ("(coughs)", "[laughter]", "*sighs*");
+- only backchannel words and phrases from the settings' list, in any combination: fillers ("uh", "um",
+  "hmm"), exclamations ("oh wow", "ah okay"), acknowledgements ("uh-huh", "yeah", "got it"), laughter
+  ("haha"); spelling variants are folded ("hmmm" is "hmm", "hahaha" is "ha");
+- one word with no content of its own ("the", "them", "and"): what Whisper writes for a sound it heard
+  as speech (a "hmm" over Opus came out as "them", -0.65, sure of itself); no one takes the turn with it,
+  and one who goes on gets asked about again, with all the words;
+- one short word it barely believes (mean log-probability under `min_logprob`, under half a second of
+  speech): Whisper guessing a word for a sound, as it does for a throat-clearing ("and", -1.8) or a
+  clipped "yeah" ("the", -1.9). Longer speech is words however unsure Whisper is: a "hold on" it heard
+  as "Oda." (-1.5) must still stop the agent.
+
+Anything else is the caller talking, filler words first or not ("uh, wait" is "wait").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from parley.engines.stt import Transcription
+from parley.text import normalise_words
+
+_ANNOTATION = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|♪+")
+_REPEATS = re.compile(r"(.)\1+")
+_LAUGH = re.compile(r"(?:ha|he){2,}h?|hah|heh|ha")
+# Words that say nothing on their own: articles, pronouns, prepositions, conjunctions.
+FUNCTION_WORDS = frozenset((
+    "a", "an", "the", "and", "or", "of", "to", "in", "on", "at", "as", "it", "its", "them", "they", "him",
+    "her", "he", "she", "we", "i", "this", "that", "these", "those",
+))  # fmt: skip
+UNSURE_MAX_WORDS = 1  # a low-confidence guess of more words than this is still taken as words
+UNSURE_MAX_SPEECH_MS = 500.0  # nor is a guess for longer speech: espeak-ng "yeah" 416 ms, "hold on" 736
+
+
+def fold(word: str) -> str:
+    """A word's spelling-independent form: repeated letters once ("hmmm", "hmm" -> "hm"), laughter "ha"."""
+    word = _REPEATS.sub(r"\1", word)
+    return "ha" if _LAUGH.fullmatch(word) else word
+
+
+def _phrase(text: str) -> tuple[str, ...]:
+    return tuple(fold(w) for w in normalise_words(text).split())
+
+
+@dataclass(frozen=True)
+class Verdict:
+    backchannel: bool
+    reason: str  # "no words", "backchannel", "unsure", "words"
+    heard: str  # the words Whisper heard, as it wrote them
+
+
+class BackchannelJudge:
+    """Decides, from a transcription, whether speech over the agent was a backchannel. Thread-safe."""
+
+    def __init__(self, phrases: Iterable[str], min_logprob: float) -> None:
+        self._phrases = {p for p in (_phrase(text) for text in phrases) if p}
+        self._longest = max((len(p) for p in self._phrases), default=1)
+        self.min_logprob = min_logprob
+
+    def judge(self, heard: Transcription, speech_ms: float) -> Verdict:
+        """`speech_ms`: how much of the audio the VAD took for speech."""
+        words = _phrase(_ANNOTATION.sub(" ", heard.text))
+        if not words:
+            return Verdict(True, "no words", heard.text)
+        if self.only_backchannels(words):
+            return Verdict(True, "backchannel", heard.text)
+        if len(words) == 1 and words[0] in FUNCTION_WORDS:
+            return Verdict(True, "no content", heard.text)
+        if (
+            len(words) <= UNSURE_MAX_WORDS
+            and speech_ms < UNSURE_MAX_SPEECH_MS
+            and heard.avg_logprob < self.min_logprob
+        ):
+            return Verdict(True, "unsure", heard.text)
+        return Verdict(False, "words", heard.text)
+
+    def only_backchannels(self, words: tuple[str, ...]) -> bool:
+        """Whether the words split into backchannel phrases ("oh" + "i see"), however many."""
+        reachable = [True] + [False] * len(words)
+        for end in range(1, len(words) + 1):
+            reachable[end] = any(
+                reachable[start] and words[start:end] in self._phrases
+                for start in range(max(0, end - self._longest), end)
+            )
+        return reachable[-1]

@@ -1,0 +1,102 @@
+"""What Whisper heard over the agent: a backchannel (the agent goes on) or the caller taking the turn.
+
+The transcripts are Whisper base's own, on espeak-ng fillers, exclamations, laughs, coughs and short
+interruptions (with their mean log-probabilities where they decide).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from parley.config import Settings
+from parley.engines.stt import Transcription
+from parley.pipeline.backchannels import BackchannelJudge, fold
+
+JUDGE = BackchannelJudge(Settings().backchannels, Settings().backchannel_min_logprob)
+
+
+def heard(text: str, logprob: float = -0.8) -> Transcription:
+    return Transcription(text, no_speech_prob=0.3, seconds=0.3, avg_logprob=logprob)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",  # a cough or a noise Whisper found no words in
+        "uh",
+        "Uh...",
+        "Um.",
+        "Oh.",
+        "Hmmm.",
+        "Huh?",
+        "Oh wow.",
+        "Wow!",
+        "Okay.",
+        "Ah, okay.",
+        "um okay",
+        "Oh, really?",
+        "Uh-huh.",
+        "Mm-hmm.",
+        "mm",
+        "Yeah.",
+        "Yep, right.",
+        "Oh, I see.",
+        "Ha ha!",
+        "Ha ha ha ha!",
+        "Hahaha",
+        "(coughs)",
+        "[LAUGHTER]",
+        "*sigh*",
+        "them",  # "hmm" over WebRTC, as Whisper heard it (sure of itself: -0.65)
+        "The.",
+    ],
+)
+def test_fillers_exclamations_backchannels_and_laughs_let_the_agent_go_on(text: str) -> None:
+    assert JUDGE.judge(heard(text), 400).backchannel, text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Wait.",
+        "weight.",  # "wait", as Whisper spells it on espeak-ng
+        "No.",
+        "No, no.",
+        "stop",
+        "Hold on.",
+        "Uh, wait.",  # filler words first: still an interruption
+        "Oh, wait.",
+        "Oh no.",
+        "Sorry.",
+        "Hey.",
+        "What?",
+        "What time is it in London?",
+        "Okay, but what about Madrid?",
+        "Yeah, no, tell me about London instead.",
+        "The time?",  # a function word with more: words
+    ],
+)
+def test_words_interrupt_the_agent(text: str) -> None:
+    assert not JUDGE.judge(heard(text), 400).backchannel, text
+
+
+def test_one_short_word_whisper_barely_believes_is_a_sound() -> None:
+    # Whisper's guesses for a throat-clearing ("and", -1.79) and an espeak-ng "yeah" ("the", -1.90).
+    assert JUDGE.judge(heard("Ever.", -1.79), 448).reason == "unsure"
+    assert JUDGE.judge(heard("and", -1.79), 448).backchannel  # no content of its own, either
+    assert not JUDGE.judge(heard("No.", -1.2), 448).backchannel  # a real "no" is heard with more confidence
+    assert not JUDGE.judge(heard("please stop", -1.9), 448).backchannel  # more words: words
+    # "hold on" as Whisper heard it over WebRTC: unsure, but too long to be a sound.
+    assert not JUDGE.judge(heard("Oda.", -1.52), 736).backchannel
+
+
+def test_spelling_variants_fold_together() -> None:
+    assert fold("hmmm") == fold("hmm") == fold("hm")
+    assert fold("hahaha") == fold("heh") == "ha"
+    assert fold("hey") != fold("ha")
+
+
+def test_the_word_list_comes_from_the_settings() -> None:
+    judge = BackchannelJudge(("okay",), -1.5)
+    assert judge.judge(heard("Okay."), 400).backchannel
+    assert not judge.judge(heard("Wow."), 400).backchannel
