@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from parley.engines import Engines
 from parley.engines.llm import Message
 from parley.engines.stt import Transcription
+from parley.engines.toolcalls import ToolCall
 
 TONE_RATE = 16000
 
@@ -53,22 +55,43 @@ class ScriptedStt:
 
 
 class ScriptedLlm:
-    """Streams a fixed reply word by word, one word per `token_s`; remembers the prompts."""
+    """Streams a fixed reply word by word, one word per `token_s`; remembers the prompts and the tools
+    it was offered. With `script`, each model turn plays the next entry instead: words, and ToolCalls
+    that it asks for (the last entry repeats)."""
 
-    def __init__(self, reply: str = "Sure, the weather is fine today. Anything else?", token_s: float = 0.01):
+    def __init__(
+        self,
+        reply: str = "Sure, the weather is fine today. Anything else?",
+        token_s: float = 0.01,
+        script: list[list[str | ToolCall]] | None = None,
+    ):
         self.reply = reply
         self.token_s = token_s
+        self.script = script
         self.prompts: list[list[Message]] = []
+        self.offered: list[list[str]] = []
         self.stopped = threading.Event()
 
-    def stream(self, messages: list[Message], should_stop: Callable[[], bool]) -> Iterator[str]:
+    def stream(
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Iterator[str | ToolCall]:
         self.prompts.append(messages)
-        for word in self.reply.split(" "):
+        self.offered.append([t["function"]["name"] for t in tools or []])
+        if self.script is not None:
+            turn = self.script[min(len(self.prompts) - 1, len(self.script) - 1)]
+        else:
+            turn = [word + " " for word in self.reply.split(" ")]
+        for item in turn:
             if should_stop():
                 self.stopped.set()
                 return
             time.sleep(self.token_s)
-            yield word + " "
+            if isinstance(item, ToolCall) and not tools:
+                continue  # not offered tools: a model could not ask for one
+            yield item
 
 
 class ToneTts:

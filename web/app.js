@@ -113,10 +113,26 @@ const handlers = {
   agent_text: (ev) => transcript.agentSegment(ev.turn_id, ev.text),
   agent_done: (ev) => transcript.agentDone(ev.turn_id, ev.text, ev.interrupted),
   agent_cancelled: (ev) => transcript.agentCancelled(ev.turn_id),
+  tool_call: (ev) => transcript.toolCall(ev.turn_id, ev.tool_call_id, ev.name, ev.arguments),
+  tool_result: (ev) => transcript.toolResult(ev.turn_id, ev.tool_call_id, ev.ok),
   latency: (ev) => { parley.lastLatency = ev; renderLatency(); },
   barge_in: (ev) => { parley.lastBargeIn = ev; renderLatency(); },
   error: (ev) => showError(ev.message || "The agent ran into a problem."),
+  // What the agent did to the line (a browser has none): where it transferred the caller, and why the
+  // server ended the call, just before the final state. Digits it "pressed" (dtmf_out) stay in events.
+  transfer: (ev) => { if (call) call.transferTo = typeof ev.to === "string" ? ev.to : ""; },
+  hangup: (ev) => serverHungUp(ev.reason),
 };
+
+/** The server ended the call and said why: the agent hung up or transferred the caller. */
+function serverHungUp(reason) {
+  const to = call && call.transferTo;
+  const notice = reason === "agent_hangup" ? "The agent ended the call."
+    : reason === "transferred" ? (to ? `Transferred to ${to}.` : "The call was transferred.")
+    : "";
+  endCall({ serverEnded: true, message: notice });
+  if (notice) setState("idle"); // nothing went wrong: the page is ready for the next call
+}
 
 function onServerMessage(data) {
   let ev = null;

@@ -6,6 +6,16 @@ const ICE_GATHER_TIMEOUT_MS = 2000; // a slow STUN server must not hold up the c
 
 const params = new URLSearchParams(location.search);
 const TOKEN = params.get("token");
+const AGENT = params.get("agent");
+
+/** ?ctx.customer=Dana&ctx.order=1234: the call's context, which the agent's templates and tools see. */
+function contextFromUrl() {
+  const context = {};
+  for (const [key, value] of params) {
+    if (key.startsWith("ctx.") && key.length > 4) context[key.slice(4)] = value;
+  }
+  return context;
+}
 
 /** A failure whose message is fit to show the caller as it is. */
 export class CallError extends Error {}
@@ -59,6 +69,7 @@ export function iceGatheringDone(pc) {
 function offerErrorMessage(status, error) {
   if (status === 503) return BUSY_MESSAGE;
   if (status === 401 || status === 403) return "The server refused this link's access token.";
+  if (status === 404 && AGENT) return `This service has no agent named "${AGENT}".`;
   return error || `The server could not start the call (HTTP ${status}).`;
 }
 
@@ -69,7 +80,12 @@ export async function postOffer(pc) {
     res = await fetch("/offer", {
       method: "POST",
       headers: { "Content-Type": "application/json", ...authHeaders() },
-      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }),
+      body: JSON.stringify({
+        sdp: pc.localDescription.sdp,
+        type: "offer",
+        ...(AGENT ? { agent: AGENT } : {}),
+        context: contextFromUrl(),
+      }),
     });
   } catch {
     throw new CallError("Could not reach the Parley server. Check your connection and try again.");

@@ -18,6 +18,19 @@ function joinSegment(text, segment) {
   return `${text} ${segment}`;
 }
 
+/** Tool arguments as JSON text, shown as `name: value, ...` (the raw text if it is not an object). */
+function compactArguments(args) {
+  try {
+    const parsed = JSON.parse(args || "{}");
+    if (parsed && typeof parsed === "object" && !Array.isArray(parsed)) {
+      return Object.entries(parsed).map(([k, v]) => `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`).join(", ");
+    }
+  } catch {
+    // shown as it came
+  }
+  return String(args || "");
+}
+
 /** Methods starting with "_" are internal (not "#" private ones: the page sticks to ES2020). */
 export class Transcript {
   /** @param {{container: HTMLElement, empty: HTMLElement, entries: object[]}} parts */
@@ -63,6 +76,26 @@ export class Transcript {
     });
   }
 
+  /** The agent asked for a tool: a small line in the conversation, marked when its result is in. */
+  toolCall(turnId, callId, name, args) {
+    this._update(() => {
+      const bubble = this._bubble("tool", `${turnId}|${callId}`);
+      bubble.entry.text = `${name}(${compactArguments(args)})`;
+      bubble.el.classList.add("live");
+      this._render(bubble);
+    });
+  }
+
+  toolResult(turnId, callId, ok) {
+    const bubble = this.bubbles.get(this._key("tool", `${turnId}|${callId}`));
+    if (!bubble) return;
+    this._update(() => {
+      bubble.el.classList.remove("live");
+      bubble.el.classList.add(ok ? "done" : "failed");
+      bubble.entry.ok = Boolean(ok);
+    });
+  }
+
   /** A speculative reply superseded before the caller heard it: it never happened. */
   agentCancelled(turnId) {
     const bubble = this.bubbles.get(this._key("agent", turnId));
@@ -101,7 +134,7 @@ export class Transcript {
     const el = h("div", `bubble ${role}`);
     el.dataset.turnId = turnId;
     const textEl = h("span", "bubble-text");
-    el.append(h("span", "sr-only", role === "user" ? "You: " : "Agent: "), textEl);
+    el.append(h("span", "sr-only", { user: "You: ", agent: "Agent: " }[role] || "Tool: "), textEl);
     // A user turn whose text lands after the agent began answering it still belongs above the answer.
     const answer = role === "user" ? this.bubbles.get(this._key("agent", turnId)) : null;
     if (answer) {

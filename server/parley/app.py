@@ -13,17 +13,25 @@ from typing import Any
 from aiohttp import web
 
 from parley import metrics
+from parley.agent.templates import ContextError, checked_context
 from parley.call import Call
 from parley.config import Settings
 from parley.engines import Engines
 from parley.records import BadCursor, DatabaseError
 from parley.registry import CallRegistry
-from parley.runtime import CallRefused, Runtime
-from parley.transports.base import open_call
+from parley.runtime import CallRefused, Runtime, UnknownAgent
+from parley.transports.base import HangUp, open_call
 from parley.transports.media_stream import add_carrier_routes
 from parley.transports.sip.uac import DialError, dial
 from parley.transports.sip.useragent import SipUserAgent
-from parley.transports.webrtc import WEBRTC_RATE, SignalingError, answering, configure_ice, parse_ice_servers
+from parley.transports.webrtc import (
+    WEBRTC_RATE,
+    SignalingError,
+    WebRtcPeer,
+    answering,
+    configure_ice,
+    parse_ice_servers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +97,27 @@ def refusal(exc: CallRefused) -> ApiError:
     return ApiError(503, exc.message, {"Retry-After": str(exc.retry_after_s)})
 
 
-async def _start_webrtc_call(request: web.Request, offer_sdp: str) -> tuple[Call, str]:
+async def _start_webrtc_call(
+    request: web.Request, offer_sdp: str, agent_name: object = None, context: object = None
+) -> tuple[Call, str]:
     runtime = request.app[RUNTIME]
-    connect = answering(offer_sdp, parse_ice_servers(runtime.settings.ice_servers))
+    if agent_name is not None and not isinstance(agent_name, str):
+        raise ApiError(400, '"agent" must be a string')
     try:
-        call, peer = await open_call(runtime, "webrtc", WEBRTC_RATE, connect)
+        agent = runtime.agent(agent_name)
+        variables = checked_context(context)
+    except UnknownAgent as exc:
+        raise ApiError(404, str(exc)) from exc
+    except ContextError as exc:
+        raise ApiError(400, str(exc)) from exc
+    answer = answering(offer_sdp, parse_ice_servers(runtime.settings.ice_servers))
+
+    async def connect(call: Call, hang_up: HangUp) -> WebRtcPeer:
+        call.context = variables
+        return await answer(call, hang_up)
+
+    try:
+        call, peer = await open_call(runtime, "webrtc", WEBRTC_RATE, connect, agent=agent)
     except CallRefused as exc:
         raise refusal(exc) from exc
     except SignalingError as exc:
@@ -119,7 +143,7 @@ async def offer(request: web.Request) -> web.Response:
         raise ApiError(400, 'expected {"sdp": "...", "type": "offer"}')
     if data.get("type") != "offer":
         raise ApiError(400, "type must be 'offer'")
-    call, answer = await _start_webrtc_call(request, data["sdp"])
+    call, answer = await _start_webrtc_call(request, data["sdp"], data.get("agent"), data.get("context"))
     return web.json_response({"sdp": answer, "type": "answer", "call_id": call.call_id})
 
 
@@ -132,7 +156,7 @@ async def whip_post(request: web.Request) -> web.Response:
         sdp = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ApiError(400, "the SDP must be UTF-8") from exc
-    call, answer = await _start_webrtc_call(request, sdp)
+    call, answer = await _start_webrtc_call(request, sdp, request.query.get("agent"))
     return web.Response(
         status=201, text=answer, content_type="application/sdp", headers={"Location": f"/whip/{call.call_id}"}
     )
@@ -335,6 +359,7 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
 async def _start(app: web.Application) -> None:
     runtime = app[RUNTIME]
     await runtime.open_records()
+    await runtime.start_events()
     runtime.start_loading()
     ua = app.get(SIP)
     if ua is not None:

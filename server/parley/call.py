@@ -9,17 +9,22 @@ resume, interrupt, reopen. `end()` stops everything it started; `join()` waits f
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from parley import metrics
+from parley.agent.agentfile import Agent, default_agent
+from parley.agent.templates import render
+from parley.agent.tools import ToolRunner
 from parley.audio import PIPELINE_RATE, StreamResampler
+from parley.call_actions import AgentActions
 from parley.config import Settings
 from parley.engines import Engines
 from parley.engines.stt import Transcription
@@ -41,9 +46,13 @@ from parley.pipeline.messages import (
     Utterance,
 )
 from parley.pipeline.queues import StageQueue
-from parley.pipeline.stages import BackchannelStage, LlmStage, SttStage, TtsStage, VadItem, VadStage
+from parley.pipeline.replying import LlmStage
+from parley.pipeline.stages import BackchannelStage, SttStage, TtsStage, VadItem, VadStage
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import TurnTaker
+
+if TYPE_CHECKING:
+    from parley.transports.base import LineControl
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +77,7 @@ class Call:
         settings: Settings,
         engines: Engines,
         outbound_rate: int,
+        agent: Agent | None = None,
     ) -> None:
         self.call_id = call_id
         self.transport = transport
@@ -84,6 +94,13 @@ class Call:
         self.conversation = Conversation(settings.system_prompt, settings.history_turns)
         self.outbound = Outbound(outbound_rate, gate=self._may_play, listener=self)
         self._listener: CallListener | None = None
+        self.agent = agent or default_agent(settings.system_prompt, settings.greeting)
+        # Where the call's events for the team's backend go (tool.called, call.transferred); set by the
+        # events outbox when --events-url is set.
+        self.publish: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+        self.line: LineControl | None = None
+        self.tool_runner: ToolRunner | None = None  # the process's tool workers, once the call is opened
+        self.actions = AgentActions(self)  # what the agent may do to its line, once a transport has it
         self._watchers: list[Callable[[dict[str, Any]], None]] = []
         self._resampler: StreamResampler | None = None
         self._lock = threading.Lock()
@@ -121,11 +138,34 @@ class Call:
         for thread in self._threads:
             thread.start()
         event(log, "call_started", call_id=self.call_id, transport=self.transport)
-        self.emit({"type": "call", "call_id": self.call_id})
-        if self.settings.greeting:
-            self._say(self.settings.greeting)
+        self.emit({"type": "call", "call_id": self.call_id, "agent": self.agent.name})
+        variables = self.variables()
+        self.conversation.system_prompt = render(self.agent.system_prompt, variables)
+        greeting = render(self.agent.greeting, variables)
+        if greeting:
+            self._say(greeting)
         else:
             self._set_state("listening")
+
+    def agent_speaking(self) -> bool:
+        """Whether the agent has words on their way to the caller (being synthesised, queued, playing)."""
+        active = self._active
+        synthesising = (
+            active is not None and "first_piece" in active.marks and not active.audio_ready.is_set()
+        )
+        return synthesising or bool(self.tts_in.pending()) or self.outbound.has_audio()
+
+    def variables(self) -> dict[str, str]:
+        """What the agent's templates and tools know of the call: its context (the page's, a carrier's
+        parameters, SIP headers) and, taking precedence, what the service knows itself."""
+        return {
+            **self.context,
+            "call_id": self.call_id,
+            "transport": self.transport,
+            "caller": self.caller,
+            "called": self.called,
+            "now": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
 
     def end(self, reason: str = "hangup") -> bool:
         """Stop the call (idempotent, never blocks); True the first time."""
@@ -382,6 +422,9 @@ class Call:
                 self._active = None
         if latest and not self.scope.is_stale(response.tag.generation):
             self._commit(response, interrupted=False)
+            if self.actions.hang_up_due and self.line is not None:
+                # The agent said goodbye (end_call) and the caller has now heard all of it.
+                self.line.hang_up("agent_hangup")
         if not self.agent_active() and not self.turns.in_turn:
             self._set_state("listening")
 
@@ -421,11 +464,25 @@ class Call:
         return {
             "id": self.call_id,
             "transport": self.transport,
+            "agent": self.agent.name,
             "caller": self.caller,
             "called": self.called,
             "started": self.started_at,
             "state": self.state,
             "turns": sum(1 for t in self.conversation.snapshot() if t["turn_id"] != GREETING_KEY),
+        }
+
+    def record(self) -> dict[str, Any]:
+        """The call as a team's backend gets it at its end: the transcript as heard, the outcome, the
+        tool calls and the latencies."""
+        transcript = self.conversation.snapshot()
+        return {
+            **self.details(),
+            "agent": self.agent.name,
+            "outcome": self.end_reason,
+            "ended": time.time() if self.ended else None,
+            "tool_calls": self.conversation.tool_calls(),
+            "response_s": [t["response_s"] for t in transcript if t.get("response_s") is not None],
         }
 
     def details(self) -> dict[str, Any]:

@@ -229,6 +229,22 @@ class Settings:
         default=2,
         metadata=_opt("a reply stops after this many sentences (spoken replies stay short)", "agent"),
     )
+    # agents that act
+    agent: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "agent file (TOML), or NAME=FILE; repeatable, the first is the default (none: --system-prompt)",
+            "agent",
+        ),
+    )
+    events_url: str = field(
+        default="",
+        metadata=_opt("POST call events here (call.started, tool.called, ...; '' = none)", "agent"),
+    )
+    webhook_secret: str = field(
+        default="",
+        metadata=_opt("signs tool webhooks and events (X-Parley-Signature); set it from the env", "agent"),
+    )
     # turn-taking and barge-in
     vad_threshold: float = field(
         default=0.5, metadata=_opt("speech probability that counts as speech", "turns")
@@ -277,7 +293,6 @@ class Settings:
     max_turn_s: float = field(
         default=20.0, metadata=_opt("longest utterance before a forced turn end", "turns")
     )
-
     # operations
     log_format: str = field(
         default="text", metadata=_opt("log lines as key=value text or JSON", "operations", ("text", "json"))
@@ -326,17 +341,17 @@ def _convert(name: str, kind: Any, raw: Any) -> Any:
     """Turn a raw value (string from a flag or the environment, or a TOML value) into the field's type."""
     try:
         if kind in ("tuple[str, ...]",):
-            if isinstance(raw, str):
-                return tuple(part.strip() for part in raw.split(",") if part.strip())
-            return tuple(str(part) for part in raw)
-        if kind == "bool":
-            return _boolean(raw)
+            # A comma list, or (a repeated flag, a TOML array) several values, each maybe a comma list.
+            values = [raw] if isinstance(raw, str) else [str(part) for part in raw]
+            return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
         if kind == "int":
             return int(raw)
         if kind == "float":
             return float(raw)
         if kind == "str":
             return str(raw)
+        if kind == "bool":
+            return _boolean(raw)
     except (TypeError, ValueError) as exc:
         raise SettingsError(f"{name}: {raw!r} is not a valid {kind}") from exc
     raise SettingsError(f"{name}: unsupported setting type {kind}")
@@ -377,6 +392,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             _flag(f.name),
             dest=f.name,
             default=None,
+            action="append" if str(f.type) == "tuple[str, ...]" else "store",  # lists: repeatable
             choices=f.metadata.get("choices"),
             help=f"{f.metadata.get('help', '')} [env {env}; default {shown!r}]",
         )
@@ -435,6 +451,8 @@ def validate(settings: Settings) -> None:
     if settings.sip != "off":
         sip_address(settings.sip)
     rtp_port_range(settings.rtp_ports)
+    if settings.max_calls < 1:
+        raise SettingsError("max_calls must be at least 1")
     if (
         settings.database
         and settings.database != "off"
@@ -443,8 +461,6 @@ def validate(settings: Settings) -> None:
         raise SettingsError(f"database must be '', 'off' or a postgresql:// URL, not {settings.database!r}")
     if settings.retention_days < 0:
         raise SettingsError("retention_days must be 0 (keep forever) or more")
-    if settings.max_calls < 1:
-        raise SettingsError("max_calls must be at least 1")
     if not 0.0 < settings.vad_threshold < 1.0:
         raise SettingsError("vad_threshold must be between 0 and 1")
     for name in ("min_speech_ms", "end_of_turn_ms", "blip_silence_ms", "backchannel_max_ms"):

@@ -120,6 +120,18 @@ SIP_TRANSACTIONS = Gauge(
 DTMF_DIGITS_TOTAL = Counter(
     "parley_dtmf_digits_total", "Keypad digits received", ["transport"], registry=REGISTRY
 )
+EVENTS_TOTAL = Counter(
+    "parley_events_total",
+    "Events for --events-url by type and outcome (delivered, failed after retries, dropped at overflow)",
+    ["type", "outcome"],
+    registry=REGISTRY,
+)
+TOOL_CALLS_TOTAL = Counter(
+    "parley_tool_calls_total",
+    "Tool calls by outcome (ok, error, skipped: asked for a revision that was superseded)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 ENGINE_ERRORS_TOTAL = Counter("parley_engine_errors_total", "Engine failures", ["engine"], registry=REGISTRY)
 CALL_THREADS = Gauge(
     "parley_call_threads", "Stage threads of calls still alive (0 when no call runs)", registry=REGISTRY

@@ -45,7 +45,7 @@ class CallRegistry:
         self._admitting = 0
         self._setting_up: dict[str, Call] = {}
         self.closing = False  # set by end_all: no call is admitted any more
-        self.observer: CallObserver | None = None
+        self.observers: list[CallObserver] = []  # call records, call events
 
     @staticmethod
     def new_call_id() -> str:
@@ -78,9 +78,9 @@ class CallRegistry:
         self._tell(call, lambda observer: observer.call_added(call))
 
     def _tell(self, call: Call, news: Callable[[CallObserver], None]) -> None:
-        if self.observer is not None:
+        for observer in self.observers:
             try:
-                news(self.observer)
+                news(observer)
             except Exception:
                 log.exception("call_observer_failed", extra={"call_id": call.call_id})
 

@@ -11,6 +11,9 @@ import asyncio
 import logging
 
 from parley import metrics
+from parley.agent.agentfile import Agent, load_agents
+from parley.agent.events import CallEvents, EventOutbox
+from parley.agent.tools import ToolRunner
 from parley.config import Settings
 from parley.engines import Engines, load_engines
 from parley.log import event
@@ -32,6 +35,10 @@ class CallRefused(Exception):
         self.retry_after_s = RETRY_AFTER_S
 
 
+class UnknownAgent(LookupError):
+    """A call asked for an agent this service does not have (404 / SIP 404 / stream closed)."""
+
+
 class Runtime:
     def __init__(self, settings: Settings, engines: Engines | None = None) -> None:
         self.settings = settings
@@ -42,6 +49,11 @@ class Runtime:
         self._loader: asyncio.Task[None] | None = None
         self.draining = False  # set by drain(): live calls go on, no new call is admitted
         self.records: CallRecords | None = None
+        self.agents = load_agents(settings.agent, settings.system_prompt, settings.greeting)
+        self.tools = ToolRunner(settings.webhook_secret)
+        self.outbox = (
+            EventOutbox(settings.events_url, settings.webhook_secret) if settings.events_url else None
+        )
         metrics.CALLS_MAX.set(settings.max_calls)
         metrics.READY.set_function(lambda: float(self.not_ready_reason() is None))
 
@@ -52,7 +64,33 @@ class Runtime:
         if records is not None:
             await asyncio.to_thread(records.start)
             self.records = records
-            self.registry.observer = records
+            self.registry.observers.append(records)
+
+    async def start_events(self) -> None:
+        """Start delivering call events (when --events-url is set): call.started and call.ended here,
+        tool.called and call.transferred from the calls themselves."""
+        if self.outbox is not None:
+            await self.outbox.start()
+            self.registry.observers.append(CallEvents(self.outbox))
+
+    def agent(self, name: str | None) -> Agent:
+        """The agent a call asked for by name (None: the default); UnknownAgent if there is none."""
+        if not name:
+            return next(iter(self.agents.values()))
+        agent = self.agents.get(name)
+        if agent is None:
+            raise UnknownAgent(f"no agent named {name[:64]!r}")
+        return agent
+
+    def agent_for_sip_user(self, user: str) -> Agent | None:
+        """The agent a SIP request-URI user selects: by name or one of its `sip_users` ("*": any). Without
+        agent files every user reaches the default agent; with them, None when none matches."""
+        if not self.settings.agent:
+            return self.agent(None)
+        for agent in self.agents.values():
+            if user == agent.name or user in agent.sip_users:
+                return agent
+        return next((a for a in self.agents.values() if "*" in a.sip_users), None)
 
     def start_loading(self) -> None:
         """Load the models in a thread unless they were given (readiness says when they are in)."""
@@ -112,9 +150,12 @@ class Runtime:
         """End every call, then release the engines this runtime loaded."""
         await self.registry.end_all("shutdown")
         if self.records is not None:
-            self.registry.observer = None
+            self.registry.observers.remove(self.records)
             await asyncio.to_thread(self.records.close)
             self.records = None
+        if self.outbox is not None:
+            await self.outbox.close()
+        self.tools.close()
         if self._loader is not None:
             await self._loader
         if self.engines is not None and self._owns_engines:

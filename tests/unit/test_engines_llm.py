@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
+from parley.engines.endpoint import OpenAiLlm
 from parley.engines.llm import (
     Ct2Llm,
     LlmError,
     Message,
-    OpenAiLlm,
     TransformersLlm,
     _IncrementalDecoder,
     load_llm,

@@ -185,12 +185,12 @@ def parameters_of(twiml: str) -> dict[str, str]:
 
 async def test_twilio_is_told_to_connect_the_call_to_our_stream_with_its_parameters(client) -> None:  # type: ignore[no-untyped-def]
     form = {"CallSid": "CA1", "From": "+15550001111", "To": "+15550002222"}
-    response = await client.post("/twilio/voice?agent=sales", data=form)
+    response = await client.post("/twilio/voice?team=sales", data=form)
     assert response.status == 200 and response.content_type == "text/xml"
     twiml = await response.text()
     stream = ElementTree.fromstring(twiml).find("./Connect/Stream")
     assert stream is not None and stream.attrib["url"] == "wss://parley.example.com/twilio/stream"
-    assert parameters_of(twiml) == {"agent": "sales", "caller": "+15550001111", "called": "+15550002222"}
+    assert parameters_of(twiml) == {"team": "sales", "caller": "+15550001111", "called": "+15550002222"}
 
 
 async def test_telnyx_is_told_to_stream_both_ways_in_pcmu(client) -> None:  # type: ignore[no-untyped-def]
@@ -222,21 +222,19 @@ async def test_a_forged_twilio_webhook_is_refused_and_a_signed_one_answered() ->
     c = await client_for(settings(twilio_auth_token="12345"))
     try:
         form = {"CallSid": "CA1", "From": "+15550001111", "To": "+15550002222"}
-        url = f"{PUBLIC}/twilio/voice?agent=sales"
+        url = f"{PUBLIC}/twilio/voice?team=sales"
         good = twilio_signature("12345", url, list(form.items()))
-        forged = await c.post("/twilio/voice?agent=sales", data=form, headers={"X-Twilio-Signature": "AAAA"})
+        forged = await c.post("/twilio/voice?team=sales", data=form, headers={"X-Twilio-Signature": "AAAA"})
         assert forged.status == 403 and "signature" in (await forged.json())["error"]
-        unsigned = await c.post("/twilio/voice?agent=sales", data=form)
+        unsigned = await c.post("/twilio/voice?team=sales", data=form)
         assert unsigned.status == 403
-        odd = await c.post(
-            "/twilio/voice?agent=sales", data=form, headers={"X-Twilio-Signature": "caf\u00e9"}
-        )
+        odd = await c.post("/twilio/voice?team=sales", data=form, headers={"X-Twilio-Signature": "caf\u00e9"})
         assert odd.status == 403
         tampered = await c.post(
-            "/twilio/voice?agent=sales", data={**form, "From": "+1999"}, headers={"X-Twilio-Signature": good}
+            "/twilio/voice?team=sales", data={**form, "From": "+1999"}, headers={"X-Twilio-Signature": good}
         )
         assert tampered.status == 403
-        signed = await c.post("/twilio/voice?agent=sales", data=form, headers={"X-Twilio-Signature": good})
+        signed = await c.post("/twilio/voice?team=sales", data=form, headers={"X-Twilio-Signature": good})
         assert signed.status == 200
         # A credential is set, so the webhook mints a stream token even without --stream-secret.
         assert TOKEN_PARAMETER in parameters_of(await signed.text())
@@ -289,11 +287,11 @@ def test_bad_carrier_settings_fail_at_start(overrides: dict[str, Any], words: st
 
 
 async def test_the_caller_hears_the_greeting_as_media_each_chunk_followed_by_a_mark(client) -> None:  # type: ignore[no-untyped-def]
-    carrier = await streaming(client, parameters={"caller": "+15550001111", "called": "+1555", "agent": "x"})
+    carrier = await streaming(client, parameters={"caller": "+15550001111", "called": "+1555", "team": "x"})
     try:
         call = await wait_for_call(client)
         assert call.transport == "twilio" and call.caller == "+15550001111" and call.called == "+1555"
-        assert call.context == {"caller": "+15550001111", "called": "+1555", "agent": "x"}
+        assert call.context == {"caller": "+15550001111", "called": "+1555", "team": "x"}
         await carrier.wait(lambda: carrier.events("mark"))
         media = carrier.events("media")
         assert media and all(m["streamSid"] == "MZ1" for m in media)
@@ -444,9 +442,7 @@ async def test_an_oversized_message_closes_the_stream(client) -> None:  # type: 
 
 
 async def webhook_parameters(c: TestClient, kind: str, call_sid: str) -> dict[str, str]:  # type: ignore[type-arg]
-    response = await c.post(
-        f"/{kind}/voice?agent=sales", data={"CallSid": call_sid, "From": "+1", "To": "+2"}
-    )
+    response = await c.post(f"/{kind}/voice?team=sales", data={"CallSid": call_sid, "From": "+1", "To": "+2"})
     return parameters_of(await response.text())
 
 
@@ -463,15 +459,15 @@ async def test_a_stream_must_present_the_token_its_webhook_minted() -> None:
     c = await client_for(settings(stream_secret="s3cret"))
     try:
         params = await webhook_parameters(c, "twilio", "CA9")
-        assert params[TOKEN_PARAMETER] and params["agent"] == "sales"
+        assert params[TOKEN_PARAMETER] and params["team"] == "sales"
         without = {k: v for k, v in params.items() if k != TOKEN_PARAMETER}
         assert "missing" in await refused(c, parameters=without, call_sid="CA9")
         assert "invalid" in await refused(c, parameters=params, call_sid="CA-other")
-        assert "invalid" in await refused(c, parameters={**params, "agent": "admin"}, call_sid="CA9")
+        assert "invalid" in await refused(c, parameters={**params, "team": "admin"}, call_sid="CA9")
         assert "invalid" in await refused(c, parameters={**params, TOKEN_PARAMETER: "9999999999.caf\u00e9"})
         carrier = await streaming(c, parameters=params, call_sid="CA9")
         call = await wait_for_call(c)
-        assert TOKEN_PARAMETER not in call.context and call.context["agent"] == "sales"
+        assert TOKEN_PARAMETER not in call.context and call.context["team"] == "sales"
         await carrier.close()
         await no_calls(c)
         assert "used" in await refused(c, parameters=params, call_sid="CA9")  # one stream per token
@@ -516,3 +512,11 @@ async def test_at_capacity_the_webhook_answers_busy_and_a_stream_is_closed() -> 
     finally:
         await first.close()
         await c.close()
+
+
+async def test_a_stream_asking_for_an_agent_this_service_lacks_is_closed(client) -> None:  # type: ignore[no-untyped-def]
+    carrier = await streaming(client, parameters={"agent": "nobody"})
+    await asyncio.wait_for(carrier.finished, 5)
+    assert carrier.ws.close_code == aiohttp.WSCloseCode.POLICY_VIOLATION
+    assert "no agent named" in carrier.close_reason
+    assert client.server.app[RUNTIME].registry.active() == []

@@ -29,7 +29,7 @@ from parley.transports.sip.useragent import SipUserAgent
 from tests.doubles import make_engines
 from tests.sip_wire import LOCAL, Dialogue, RtpPeer, SipWire, branch, offer, text, token
 
-ALLOWED = {"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO"}
+ALLOWED = {"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "NOTIFY"}
 PCMA_OFFER: dict[str, Any] = {"formats": "8 101", "rtpmaps": ("8 PCMA/8000", "101 telephone-event/8000")}
 H261_OFFER: dict[str, Any] = {"formats": "31", "rtpmaps": ("31 H261/90000",)}
 

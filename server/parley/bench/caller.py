@@ -69,7 +69,9 @@ class Caller(Ears):
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    async def connect(self, timeout: float = 20.0) -> str:
+    async def connect(
+        self, timeout: float = 20.0, *, agent: str | None = None, context: dict[str, str] | None = None
+    ) -> str:
         pc = self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         channel = pc.createDataChannel("events")
         channel.on("message", self._on_message)
@@ -77,7 +79,11 @@ class Caller(Ears):
         pc.on("track", self._on_track)
         await pc.setLocalDescription(await pc.createOffer())
         async with aiohttp.ClientSession() as session:
-            payload = {"sdp": pc.localDescription.sdp, "type": "offer"}
+            payload: dict[str, object] = {"sdp": pc.localDescription.sdp, "type": "offer"}
+            if agent is not None:
+                payload["agent"] = agent
+            if context is not None:
+                payload["context"] = context
             async with session.post(f"{self.base_url}/offer", json=payload, headers=self._headers()) as r:
                 body = await r.json()
                 if r.status != 200:

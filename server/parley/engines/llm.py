@@ -7,12 +7,9 @@ model itself, not only the reading of its output: the compute goes back to the o
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import logging
-import socket
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,18 +17,61 @@ from typing import Any, Protocol
 from parley.config import Settings
 from parley.engines.cache import llm_ct2_dir, llm_hf_source
 from parley.engines.device import cpu_threads, resolve_device
+from parley.engines.toolcalls import CLOSE_TAG, OPEN_TAG, TaggedToolCalls, ToolCall
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, str]
+Message = dict[str, Any]  # OpenAI chat format: role, content, and tool_calls / tool_call_id for tools
 
 REPETITION_PENALTY = 1.2  # without it the small default model repeats itself until max_tokens
 SAMPLING_TOPK = 40
 ENDPOINT_TIMEOUT_S = 30.0
 
 
+Tools = list[dict[str, Any]]  # OpenAI `tools` (type function, with a JSON Schema of parameters)
+
+
 class LlmEngine(Protocol):
-    def stream(self, messages: list[Message], should_stop: Callable[[], bool]) -> Iterator[str]: ...
+    def stream(
+        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
+    ) -> Iterator[str | ToolCall]:
+        """Reply text as it comes, and the tools the model asks for (when it was offered `tools`)."""
+        ...
+
+
+def template_messages(messages: list[Message]) -> list[Message]:
+    """Messages as chat templates take them: tool-call arguments as objects, not JSON text."""
+    converted: list[Message] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            message = {**message, "tool_calls": [_with_object_arguments(call) for call in calls]}
+        converted.append(message)
+    return converted
+
+
+def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    with contextlib.suppress(ValueError, TypeError):
+        function["arguments"] = json.loads(function.get("arguments") or "{}")
+    return {**call, "function": function}
+
+
+def with_tagged_tool_calls(deltas: Iterator[str], tools: Tools | None) -> Iterator[str | ToolCall]:
+    """A local model's text with its `<tool_call>` blocks turned into ToolCalls (when tools were offered)."""
+    if not tools:
+        yield from deltas
+        return
+    tags = TaggedToolCalls()
+    for delta in deltas:
+        text, calls = tags.push(delta)
+        if text:
+            yield text
+        yield from calls
+    text, calls = tags.flush()
+    if text:
+        yield text
+    yield from calls
 
 
 class LlmError(RuntimeError):
@@ -112,19 +152,26 @@ class Ct2Llm:
         ends = [t for t in ("<|im_end|>", self._tokenizer.eos_token) if isinstance(t, str) and t in vocab]
         self._end_tokens = list(dict.fromkeys(ends))
         self._end_ids = {vocab[t] for t in self._end_tokens}
+        # Tool-call tags are added tokens that decoding with skip_special_tokens would drop: pass them on.
+        self._tag_ids = {vocab[t]: t for t in (OPEN_TAG, CLOSE_TAG) if t in vocab}
 
-    def _prompt(self, messages: list[Message]) -> tuple[list[str], list[str]]:
+    def _prompt(self, messages: list[Message], tools: Tools | None = None) -> tuple[list[str], list[str]]:
         """(static prompt, the rest): the system message's tokens, when the prompt starts with them.
 
         CTranslate2 keeps the model state after a static prompt and starts the next generation from it:
         measured here, the first token of a reply came ~30 ms sooner.
         """
+        messages = template_messages(messages)
         with self._tokenizer_lock:
-            ids = _input_ids(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            ids = _input_ids(
+                self._tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+            )
             static: list[int] = []
             if messages and messages[0]["role"] == "system":
                 static = _input_ids(
-                    self._tokenizer.apply_chat_template(messages[:1], add_generation_prompt=False)
+                    self._tokenizer.apply_chat_template(
+                        messages[:1], tools=tools, add_generation_prompt=False
+                    )
                 )
                 if ids[: len(static)] != static or len(static) == len(ids):
                     static = []
@@ -136,7 +183,14 @@ class Ct2Llm:
             text: str = self._tokenizer.decode(ids, skip_special_tokens=True)
         return text
 
-    def stream(self, messages: list[Message], should_stop: Callable[[], bool]) -> Iterator[str]:
+    def stream(
+        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
+    ) -> Iterator[str | ToolCall]:
+        return with_tagged_tool_calls(self._text(messages, should_stop, tools), tools)
+
+    def _text(
+        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
+    ) -> Iterator[str]:
         if should_stop():
             return
         sampling: dict[str, Any] = (
@@ -144,7 +198,7 @@ class Ct2Llm:
             if self.temperature <= 0
             else {"sampling_topk": SAMPLING_TOPK, "sampling_temperature": self.temperature}
         )
-        static, prompt = self._prompt(messages)
+        static, prompt = self._prompt(messages, tools)
         steps = self._generator.generate_tokens(
             prompt,
             static_prompt=static or None,
@@ -161,6 +215,10 @@ class Ct2Llm:
             for step in steps:
                 if step.token_id in self._end_ids or should_stop():
                     break
+                tag = self._tag_ids.get(step.token_id)
+                if tag is not None:
+                    yield tag
+                    continue
                 delta = decoder.push(step.token_id)
                 if delta:
                     yield delta
@@ -192,7 +250,14 @@ class TransformersLlm:
         self._model = model.to(device).eval()
         self._lock = threading.Lock()
 
-    def stream(self, messages: list[Message], should_stop: Callable[[], bool]) -> Iterator[str]:
+    def stream(
+        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
+    ) -> Iterator[str | ToolCall]:
+        return with_tagged_tool_calls(self._text(messages, should_stop, tools), tools)
+
+    def _text(
+        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
+    ) -> Iterator[str]:
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
@@ -200,7 +265,11 @@ class TransformersLlm:
             return
         with self._lock:
             encoded: Any = self._tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+                template_messages(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=True,
+                return_tensors="pt",
+                return_dict=True,
             )
         streamer: Any = TextIteratorStreamer(self._tokenizer, skip_prompt=True, skip_special_tokens=True)
         stopped = threading.Event()
@@ -247,113 +316,10 @@ class TransformersLlm:
             worker.join()
 
 
-class OpenAiLlm:
-    """LlmEngine over an OpenAI-compatible /chat/completions endpoint (vLLM, llama.cpp, Ollama...).
-
-    The standard library only: this runs in a stage thread, not on the event loop.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        model: str = "",
-        api_key: str = "",
-        max_tokens: int = 80,
-        temperature: float = 0.0,
-        timeout: float = ENDPOINT_TIMEOUT_S,
-    ) -> None:
-        parts = urllib.parse.urlsplit(url.rstrip("/") + "/chat/completions")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"llm_url must be an http(s) URL, not {url!r}")
-        self.url = urllib.parse.urlunsplit(parts)
-        self._parts = parts
-        self.model = model
-        self._api_key = api_key
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.timeout = timeout
-
-    def _connect(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
-        return cls(self._parts.hostname or "", self._parts.port, timeout=self.timeout)
-
-    def stream(self, messages: list[Message], should_stop: Callable[[], bool]) -> Iterator[str]:
-        if should_stop():
-            return
-        body = json.dumps(
-            {
-                "model": self.model,
-                "messages": messages,
-                "stream": True,
-                "max_tokens": self.max_tokens,
-                "temperature": self.temperature,
-            }
-        ).encode()
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        path = self._parts.path + (f"?{self._parts.query}" if self._parts.query else "")
-        conn = self._connect()
-        done = threading.Event()
-        # A busy or stalled endpoint would keep us blocked in a read; the watcher cuts the socket on a stop.
-        watcher = threading.Thread(target=self._watch, args=(conn, done, should_stop), daemon=True)
-        watcher.start()
-        try:
-            conn.request("POST", path, body, headers)
-            response = conn.getresponse()
-            if response.status != 200:
-                detail = response.read(2000).decode("utf-8", "replace").strip()
-                raise LlmError(f"{self.url}: HTTP {response.status} {response.reason}: {detail}")
-            yield from self._events(response, should_stop)
-        except (OSError, http.client.HTTPException) as exc:
-            if should_stop():
-                return
-            raise LlmError(f"{self.url}: {exc}") from exc
-        finally:
-            done.set()
-            watcher.join()
-            conn.close()
-
-    @staticmethod
-    def _watch(
-        conn: http.client.HTTPConnection, done: threading.Event, should_stop: Callable[[], bool]
-    ) -> None:
-        while not done.wait(0.02):
-            sock = conn.sock  # None until connected: keep watching
-            if sock is not None and should_stop():
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                return
-
-    def _events(self, response: http.client.HTTPResponse, should_stop: Callable[[], bool]) -> Iterator[str]:
-        for raw in response:
-            if should_stop():
-                return
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
-                continue  # blank separators, comments (": keep-alive"), event:/id: fields
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            try:
-                chunk = json.loads(data)
-            except ValueError as exc:
-                raise LlmError(f"{self.url}: malformed stream event {data[:200]!r}") from exc
-            if not isinstance(chunk, dict):
-                raise LlmError(f"{self.url}: unexpected stream event {data[:200]!r}")
-            if chunk.get("error"):
-                raise LlmError(f"{self.url}: {chunk['error']}")
-            choices = chunk.get("choices") or []
-            if not choices:
-                continue
-            content = (choices[0].get("delta") or {}).get("content")
-            if content:
-                yield str(content)
-
-
 def load_llm(settings: Settings) -> LlmEngine:
     if settings.llm_url:
+        from parley.engines.endpoint import OpenAiLlm
+
         return OpenAiLlm(
             settings.llm_url,
             model=settings.llm_endpoint_model,

@@ -19,6 +19,7 @@ class TurnRecord:
     agent_state: str = "pending"  # pending | committed | interrupted | no_reply
     started_at: float = field(default_factory=time.time)
     response_s: float | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)  # tool calls made for this turn, with results
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -30,7 +31,26 @@ class TurnRecord:
             "interrupted": self.agent_state == "interrupted",
             "started": self.started_at,
             "response_s": self.response_s,
+            "tools": list(self.tools),
         }
+
+    def tool_messages(self) -> list[Message]:
+        """The turn's tool calls as the model saw them: its request, then each result."""
+        if not self.tools:
+            return []
+        calls = [
+            {
+                "id": t["tool_call_id"],
+                "type": "function",
+                "function": {"name": t["name"], "arguments": t["arguments"]},
+            }
+            for t in self.tools
+        ]
+        messages: list[Message] = [{"role": "assistant", "content": "", "tool_calls": calls}]
+        messages += [
+            {"role": "tool", "tool_call_id": t["tool_call_id"], "content": t["result"]} for t in self.tools
+        ]
+        return messages
 
 
 class Conversation:
@@ -71,6 +91,16 @@ class Conversation:
             if response_s is not None:
                 record.response_s = response_s
 
+    def add_tool_result(self, turn_id: str, record: dict[str, Any]) -> None:
+        """A tool call made for a turn, and its result: it stays in the history even when the spoken reply
+        after it is cut, so the model knows what was done."""
+        with self._lock:
+            self._record_locked(turn_id).tools.append(record)
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"turn_id": r.turn_id, **t} for r in self._turns.values() for t in r.tools]
+
     def messages_for(self, turn_id: str) -> list[Message]:
         """The LLM prompt for answering `turn_id`: instructions, earlier turns as heard, then this turn."""
         with self._lock:
@@ -85,12 +115,14 @@ class Conversation:
             for record in earlier[-self.max_turns_in_prompt :]:
                 if record.user_text:
                     messages.append({"role": "user", "content": record.user_text})
+                messages += record.tool_messages()
                 # What was heard, as it was heard: a marker for the cut ("…") measurably made SmolLM2
                 # copy cut-off replies into its next answers.
                 if record.agent_text and record.agent_state in ("committed", "interrupted"):
                     messages.append({"role": "assistant", "content": record.agent_text})
             if current is not None and current.user_text:
                 messages.append({"role": "user", "content": current.user_text})
+                messages += current.tool_messages()
             return messages
 
     def snapshot(self) -> list[dict[str, Any]]:

@@ -86,6 +86,11 @@ class StageQueue(Generic[T]):
             self._items.clear()
             self._cond.notify_all()
 
+    def pending(self) -> int:
+        """How many items wait (a snapshot)."""
+        with self._cond:
+            return len(self._items)
+
     def any(self, predicate: Callable[[T], bool]) -> bool:
         """Whether an item waiting in the queue matches (a peek; nothing is taken)."""
         with self._cond:

@@ -19,7 +19,6 @@ import soundfile
 from parley import metrics
 from parley.audio import PIPELINE_RATE, FrameSplitter, resample
 from parley.config import Settings
-from parley.engines.llm import LlmEngine
 from parley.engines.stt import SttEngine, Transcription
 from parley.engines.tts import TtsEngine
 from parley.engines.vad import VadEngine
@@ -43,7 +42,7 @@ from parley.pipeline.messages import (
     Utterance,
 )
 from parley.pipeline.queues import QueueClosed, StageQueue
-from parley.pipeline.segmenter import ReplySegmenter, ends_sentence, split_sentences
+from parley.pipeline.segmenter import split_sentences
 from parley.pipeline.turntaking import TurnTaker
 
 log = logging.getLogger(__name__)
@@ -278,55 +277,6 @@ class BackchannelStage(Stage[BackchannelQuery]):
     def recover(self, item: BackchannelQuery) -> None:
         # The agent is paused waiting for this: a failed check lets the caller have the turn.
         self.verdicts.put(BargeVerdict(item.request, False, "failed", None))
-
-
-class LlmStage(Stage[Transcript]):
-    stage_name = "llm"
-    engine_name = "llm"
-
-    def __init__(
-        self, ctx: StageContext, inbox: StageQueue[Transcript], llm: LlmEngine, outbox: StageQueue[ReplyText]
-    ):
-        super().__init__(ctx, inbox)
-        self.llm = llm
-        self.outbox = outbox
-
-    def handle(self, item: Transcript) -> None:
-        response = item.response
-        tag = response.tag
-        if self.ctx.is_stale(tag):
-            return
-        assert tag.turn_id is not None
-        messages = self.ctx.conversation.messages_for(tag.turn_id)
-        segmenter = ReplySegmenter()
-        started = time.monotonic()
-        sentences_left = self.ctx.settings.max_reply_sentences
-        yield_s = self.ctx.settings.yield_to_tts_ms / 1000
-
-        def should_stop() -> bool:
-            # Between tokens. Once the first piece is out, the model waits for its audio: on a CPU the
-            # two compete for the same cores, and the caller hears nothing until that audio is ready.
-            if yield_s > 0 and "first_piece" in response.marks:
-                response.audio_ready.wait(yield_s)
-            return self.ctx.is_stale(tag)
-
-        try:
-            for delta in self.llm.stream(messages, should_stop=should_stop):
-                if response.llm_first_token_s is None:
-                    response.mark("first_token")
-                    response.llm_first_token_s = time.monotonic() - started
-                    metrics.STAGE_LATENCY.labels(stage="llm_first_token").observe(response.llm_first_token_s)
-                for piece in segmenter.push(delta):
-                    response.mark("first_piece")
-                    self.outbox.put(ReplyText(response, piece))
-                    sentences_left -= ends_sentence(piece)
-                if self.ctx.is_stale(tag) or sentences_left <= 0:
-                    break
-            if not self.ctx.is_stale(tag) and sentences_left > 0:
-                for piece in segmenter.flush():
-                    self.outbox.put(ReplyText(response, piece))
-        finally:
-            self.outbox.put(ReplyText(response, "", final=True))
 
 
 class TtsStage(Stage[ReplyText]):

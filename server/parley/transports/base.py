@@ -14,13 +14,15 @@ media-stream WebSocket). It:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from parley.agent.agentfile import Agent
 from parley.audio import FRAME_MS
 from parley.call import Call
 from parley.log import CALL_ID, event
@@ -32,14 +34,59 @@ FRAME_S = FRAME_MS / 1000
 MAX_LAG_S = 0.2  # a sender this far behind (the loop stalled) starts a new schedule instead of bursting
 
 
+HangUp = Callable[[str], None]
+
+
 class Transport(Protocol):
-    """What a call's transport is told. `deliver_event` and `audio_flushed` may come from any thread."""
+    """What a call's transport is told. `deliver_event` and `audio_flushed` may come from any thread;
+    the coroutines run on the event loop."""
 
     def deliver_event(self, payload: dict[str, Any]) -> None: ...
 
     def audio_flushed(self) -> None: ...
 
     async def close(self) -> None: ...
+
+    async def transfer(self, destination: str) -> None:
+        """Hand the caller to `destination` (a sip: URI or a +E.164 number); returns once the transfer
+        succeeded (the call then ends as "transferred"); raises LineActionFailed when it did not."""
+        ...
+
+    async def send_dtmf(self, digits: str) -> None:
+        """Play keypad digits to the far end (RFC 4733 on SIP, the carrier's way on a stream)."""
+        ...
+
+
+class LineActionFailed(Exception):
+    """The line could not do what the agent asked (transfer refused, no keypad tones on this line):
+    the message is what the model reads, and the call goes on."""
+
+
+class LineControl:
+    """What the agent may do to its call's line, from any thread (a tool worker): hang up, transfer,
+    send keypad digits. Each action runs on the event loop; the blocking forms wait for its outcome."""
+
+    def __init__(self, transport: Transport, loop: asyncio.AbstractEventLoop, hang_up: HangUp) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._hang_up = hang_up
+
+    def hang_up(self, reason: str) -> None:
+        self._loop.call_soon_threadsafe(self._hang_up, reason)
+
+    def transfer(self, destination: str, timeout_s: float) -> None:
+        self._wait(self._transport.transfer(destination), timeout_s, "the transfer")
+
+    def send_dtmf(self, digits: str, timeout_s: float) -> None:
+        self._wait(self._transport.send_dtmf(digits), timeout_s, "sending the digits")
+
+    def _wait(self, action: Coroutine[Any, Any, None], timeout_s: float, what: str) -> None:
+        future = asyncio.run_coroutine_threadsafe(action, self._loop)
+        try:
+            future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise LineActionFailed(f"{what} did not complete within {timeout_s:g} s") from None
 
 
 class CallSetupFailed(Exception):
@@ -52,11 +99,12 @@ class CallSetupFailed(Exception):
 
 
 T = TypeVar("T", bound=Transport)
-HangUp = Callable[[str], None]
 Connect = Callable[[Call, HangUp], Awaitable[T]]
 
 
-async def open_call(runtime: Runtime, kind: str, rate: int, connect: Connect[T]) -> tuple[Call, T]:
+async def open_call(
+    runtime: Runtime, kind: str, rate: int, connect: Connect[T], *, agent: Agent | None = None
+) -> tuple[Call, T]:
     """Admit, build and start a call on a transport; the one way every transport opens a call.
 
     `connect(call, hang_up)` builds the transport and does its signaling (it may await; meanwhile the
@@ -67,7 +115,7 @@ async def open_call(runtime: Runtime, kind: str, rate: int, connect: Connect[T])
     """
     engines = runtime.admit(kind)
     registry = runtime.registry
-    call = Call(registry.new_call_id(), kind, runtime.settings, engines, rate)
+    call = Call(registry.new_call_id(), kind, runtime.settings, engines, rate, agent or runtime.agent(None))
 
     def hang_up(reason: str) -> None:
         registry.end_soon(call.call_id, reason)
@@ -89,6 +137,8 @@ async def open_call(runtime: Runtime, kind: str, rate: int, connect: Connect[T])
         await transport.close()
         raise CallRefused("closing", "the service is shutting down")
     call.attach(transport)
+    call.line = LineControl(transport, asyncio.get_running_loop(), hang_up)
+    call.tool_runner = runtime.tools
     registry.add(call, transport.close)
     call.start()
     return call, transport

@@ -13,6 +13,13 @@ the carrier's buffer stays about one frame deep) and sent as mu-law `media`, eac
 followed by a `mark`. The carrier echoes a mark when the audio before it has played, and the Outbound
 counts only such audio as heard (`confirm_by_marks`); a barge-in flushes the Outbound, which sends `clear`.
 `stop` or a closed socket ends the call. Bad messages are logged and counted, and the call goes on.
+
+What the agent does to the line: the markup's `<Connect>` names an action URL (Twilio: its `action`
+attribute; Telnyx's TeXML `<Connect>` has none, but runs the verbs after it once the stream stops, so a
+`<Redirect>` there asks the same URL). When the call ends from our side we close the stream and the
+carrier asks `/<carrier>/connect-action` what next: a transfer the agent asked for (kept per carrier call
+id in `Handoffs`) is answered `<Dial>`, anything else `<Hangup/>`. Neither stream takes digit events from
+us, so keypad digits go out as in-band DTMF tones in place of the agent's audio (dtmf_tones.py).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import json
 import logging
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import parse_qsl
@@ -38,8 +45,10 @@ from parley.audio import alaw_decode, samples_per_frame, ulaw_decode, ulaw_encod
 from parley.call import Call
 from parley.config import Settings, SettingsError
 from parley.log import event
-from parley.runtime import CallRefused, Runtime
-from parley.transports.base import Connect, HangUp, open_call, send_paced
+from parley.runtime import CallRefused, Runtime, UnknownAgent
+from parley.transports.base import Connect, HangUp, LineActionFailed, open_call, send_paced
+from parley.transports.dtmf_tones import KeypadTones
+from parley.transports.line import keypad_digits, transfer_destination
 from parley.transports.telnyx import Telnyx
 from parley.transports.twilio import (
     CALL_ID_PARAM,
@@ -51,8 +60,9 @@ from parley.transports.twilio import (
     StreamStart,
     StreamTokens,
     Twilio,
+    dial_markup,
+    hangup_markup,
     reject_markup,
-    stream_markup,
 )
 
 log = logging.getLogger(__name__)
@@ -69,6 +79,8 @@ MAX_PARAMETERS = 32
 MAX_PARAMETER_CHARS = 1024
 LOG_EVERY = 100  # a peer that sends garbage 50 times a second gets a log line now and then, not each time
 DTMF_DIGITS = frozenset("0123456789*#ABCD")
+HANDOFF_TTL_S = 120.0  # the carrier asks the action URL within a second of the stream closing
+MAX_HANDOFFS = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -82,6 +94,8 @@ class Carrier(Protocol):
     def webhook_problem(
         self, url: str, headers: Mapping[str, str], body: bytes, params: Sequence[tuple[str, str]], now: float
     ) -> str | None: ...
+
+    def connect_markup(self, stream_url: str, parameters: Mapping[str, str], action_url: str) -> str: ...
 
     def parse_start(self, message: Mapping[str, Any]) -> StreamStart: ...
 
@@ -106,14 +120,49 @@ def stream_tokens(settings: Settings) -> StreamTokens | None:
     return None
 
 
+class Handoffs:
+    """Transfers waiting for the carrier's action request: the destination per carrier call id, taken
+    once, forgotten after HANDOFF_TTL_S. Used on the event loop."""
+
+    def __init__(self, ttl_s: float = HANDOFF_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._waiting: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+
+    def hold(self, carrier: str, call_id: str, destination: str, now: float) -> None:
+        self._expire(now)
+        self._waiting[(carrier, call_id)] = (destination, now + self.ttl_s)
+        while len(self._waiting) > MAX_HANDOFFS:
+            self._waiting.popitem(last=False)
+
+    def take(self, carrier: str, call_id: str, now: float) -> str | None:
+        self._expire(now)
+        held = self._waiting.pop((carrier, call_id), None)
+        return held[0] if held is not None else None
+
+    def _expire(self, now: float) -> None:
+        while self._waiting and next(iter(self._waiting.values()))[1] < now:
+            self._waiting.popitem(last=False)
+
+
 class MediaStream:
     """One carrier stream and its call: the call's transport over a media-stream WebSocket."""
 
-    def __init__(self, call: Call, ws: web.WebSocketResponse, carrier: Carrier, start: StreamStart) -> None:
+    def __init__(
+        self,
+        call: Call,
+        ws: web.WebSocketResponse,
+        carrier: Carrier,
+        start: StreamStart,
+        hang_up: HangUp,
+        handoffs: Handoffs,
+    ) -> None:
         self.call = call
         self.ws = ws
         self.carrier = carrier
         self.start = start
+        self._hang_up = hang_up
+        self._handoffs = handoffs
+        self._tones = KeypadTones(CARRIER_RATE, FRAME_BYTES)
         self._loop = asyncio.get_running_loop()
         self._decode = ulaw_decode if start.encoding == MULAW else alaw_decode
         self._outbox: deque[str] = deque()
@@ -143,6 +192,7 @@ class MediaStream:
         if self._closed:
             return
         self._closed = True
+        self._tones.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -151,6 +201,28 @@ class MediaStream:
         if not self.ws.closed:
             with contextlib.suppress(Exception):
                 await self.ws.close(code=WSCloseCode.OK, message=b"call ended")
+
+    async def transfer(self, destination: str) -> None:
+        """Keep the destination for the carrier's action request and end the call: closing the stream
+        ends `<Connect>`, and the carrier then asks what next (see the module's docstring)."""
+        target = transfer_destination(destination)
+        if self._closed:
+            raise LineActionFailed("the call has ended")
+        self._handoffs.hold(self.carrier.name, self.start.call_id, target.text, time.monotonic())
+        event(log, "stream_transfer", call_id=self.call.call_id, carrier=self.carrier.name, to=target.text)
+        self._hang_up("transferred")
+
+    async def send_dtmf(self, digits: str) -> None:
+        """Play the digits as tones in place of the agent's audio; returns once they have gone out."""
+        keys = keypad_digits(digits)
+        if self._closed:
+            raise LineActionFailed("the call has ended")
+        try:
+            await self._tones.add(keys)
+        except asyncio.CancelledError:
+            if self._closed:  # the stream closed under the digits, not the caller giving up
+                raise LineActionFailed("the call ended before the digits were sent") from None
+            raise
 
     # from the carrier
 
@@ -246,12 +318,14 @@ class MediaStream:
         if self._frames % MARK_CHECK_FRAMES == 0:
             for _ in self.call.outbound.expire_marks(MARK_TIMEOUT_S):
                 self._problem("mark_timeout")
-        return self.call.outbound.pull_frame()
+        tone = self._tones.next_frame()
+        return tone if tone is not None else self.call.outbound.pull_frame()
 
     def _send(self, frame: np.ndarray) -> None:
         # Digital silence is what the carrier plays when nothing arrives; sending it would only fill
-        # its buffer ahead of the next reply.
-        if frame.any():
+        # its buffer ahead of the next reply. The pauses between keypad tones go out, so that the
+        # carrier plays them in time rather than running two tones together.
+        if frame.any() or self._tones.playing:
             payload = base64.b64encode(ulaw_encode(frame)).decode()
             self._post(self.carrier.media(self.start.stream_id, payload), media=True)
         for mark in self.call.outbound.take_marks():
@@ -290,14 +364,17 @@ def json_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def connecting(ws: web.WebSocketResponse, carrier: Carrier, start: StreamStart) -> Connect[MediaStream]:
+def connecting(
+    ws: web.WebSocketResponse, carrier: Carrier, start: StreamStart, handoffs: Handoffs
+) -> Connect[MediaStream]:
     """How `open_call` connects a started stream: its parameters become the call's variables."""
 
     async def connect(call: Call, hang_up: HangUp) -> MediaStream:
         call.caller, call.called = start.caller, start.called
         call.context = {k: v for k, v in start.parameters.items() if k != TOKEN_PARAMETER}
         call.outbound.confirm_by_marks()
-        stream = MediaStream(call, ws, carrier, start)  # its handler ends the call when the stream ends
+        # Its handler ends the call when the stream ends; the stream itself only for a transfer.
+        stream = MediaStream(call, ws, carrier, start, hang_up, handoffs)
         stream.begin()
         return stream
 
@@ -337,7 +414,9 @@ async def receive_start(ws: web.WebSocketResponse, carrier: Carrier, timeout_s: 
             return None
 
 
-def stream_handler(carrier: Carrier, runtime: Runtime, tokens: StreamTokens | None) -> Handler:
+def stream_handler(
+    carrier: Carrier, runtime: Runtime, tokens: StreamTokens | None, handoffs: Handoffs
+) -> Handler:
     async def serve(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, timeout=CLOSE_TIMEOUT_S)
         await ws.prepare(request)
@@ -358,8 +437,13 @@ def stream_handler(carrier: Carrier, runtime: Runtime, tokens: StreamTokens | No
             await close_with(ws, WSCloseCode.POLICY_VIOLATION, problem)
             return ws
         try:
+            agent = runtime.agent(start.parameters.get("agent"))
+        except UnknownAgent as exc:
+            await close_with(ws, WSCloseCode.POLICY_VIOLATION, str(exc))
+            return ws
+        try:
             call, stream = await open_call(
-                runtime, carrier.name, CARRIER_RATE, connecting(ws, carrier, start)
+                runtime, carrier.name, CARRIER_RATE, connecting(ws, carrier, start, handoffs), agent=agent
             )
         except CallRefused as exc:
             await close_with(ws, WSCloseCode.TRY_AGAIN_LATER, exc.message)
@@ -421,14 +505,36 @@ def voice_handler(carrier: Carrier, runtime: Runtime, tokens: StreamTokens | Non
         if tokens is not None:
             parameters[TOKEN_PARAMETER] = tokens.mint(carrier.name, call_id, parameters, time.time())
         stream_url = "ws" + base.removeprefix("http") + f"/{carrier.name}/stream"  # https -> wss, http -> ws
-        markup = stream_markup(stream_url, parameters, carrier.stream_attributes)
+        markup = carrier.connect_markup(stream_url, parameters, f"{base}/{carrier.name}/connect-action")
         return web.Response(text=markup, content_type="text/xml")
 
     return answer
 
 
+def action_handler(carrier: Carrier, runtime: Runtime, handoffs: Handoffs) -> Handler:
+    """The carrier asks what next once our stream has closed: `<Dial>` the destination of a transfer the
+    agent made, else `<Hangup/>` (the agent or the service ended the call). Signed like the voice webhook."""
+
+    async def next_step(request: web.Request) -> web.Response:
+        body = await request.read()
+        params = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+        url = public_base(request, runtime.settings) + request.path_qs
+        problem = carrier.webhook_problem(url, request.headers, body, params, time.time())
+        if problem is not None:
+            event(log, "webhook_refused", logging.WARNING, carrier=carrier.name, reason=problem)
+            return web.json_response({"error": problem}, status=403)
+        call_id = dict(params).get(CALL_ID_PARAM, "")
+        destination = handoffs.take(carrier.name, call_id, time.monotonic()) if call_id else None
+        event(log, "carrier_next_step", carrier=carrier.name, sid=call_id, dial=destination or "")
+        markup = dial_markup(destination) if destination else hangup_markup()
+        return web.Response(text=markup, content_type="text/xml")
+
+    return next_step
+
+
 def add_carrier_routes(app: web.Application, runtime: Runtime) -> None:
-    """`POST /<carrier>/voice` and `GET /<carrier>/stream` for Twilio and Telnyx."""
+    """`POST /<carrier>/voice`, `GET /<carrier>/stream` and `POST /<carrier>/connect-action` for Twilio
+    and Telnyx."""
     settings = runtime.settings
     if settings.public_url and not settings.public_url.startswith(("https://", "http://")):
         raise SettingsError(f"public_url must start with https:// (or http://), not {settings.public_url!r}")
@@ -439,6 +545,8 @@ def add_carrier_routes(app: web.Application, runtime: Runtime) -> None:
     except ValueError as exc:
         raise SettingsError(str(exc)) from exc
     tokens = stream_tokens(settings)
+    handoffs = Handoffs()
     for carrier in carriers:
         app.router.add_post(f"/{carrier.name}/voice", voice_handler(carrier, runtime, tokens))
-        app.router.add_get(f"/{carrier.name}/stream", stream_handler(carrier, runtime, tokens))
+        app.router.add_get(f"/{carrier.name}/stream", stream_handler(carrier, runtime, tokens, handoffs))
+        app.router.add_post(f"/{carrier.name}/connect-action", action_handler(carrier, runtime, handoffs))

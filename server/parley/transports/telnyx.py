@@ -3,6 +3,9 @@
 Telnyx's TeXML takes Twilio's verbs, so a number on a TeXML application reaches our voice webhook like a
 Twilio one (`CallSid`, `From`, `To`, form-encoded) and gets the same `<Connect><Stream>`, with
 `bidirectionalMode="rtp"` and `bidirectionalCodec="PCMU"` so that Telnyx plays the raw mu-law we send.
+TeXML's `<Connect>` takes no `action`, but runs the verbs after it once the stream stops; a `<Redirect>`
+there asks our action URL what next, as Twilio's `<Connect action>` does. TeXML's `CallSid` is the
+call's `call_control_id`, the id the stream's `start` carries.
 Its WebSocket messages follow Twilio's events with snake_case fields: `start.call_control_id`,
 `stream_id`, `start.from` / `start.to`, `start.custom_parameters`, `start.media_format.encoding`
 (PCMU or PCMA); we send `media`, `mark` and `clear` without a stream id.
@@ -21,7 +24,15 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from parley.transports.twilio import ALAW, MULAW, StreamError, StreamStart, required_str, string_map
+from parley.transports.twilio import (
+    ALAW,
+    MULAW,
+    StreamError,
+    StreamStart,
+    required_str,
+    stream_markup,
+    string_map,
+)
 
 SIGNATURE_HEADER = "telnyx-signature-ed25519"
 TIMESTAMP_HEADER = "telnyx-timestamp"
@@ -76,6 +87,9 @@ class Telnyx:
         return signature_problem(
             self.key, headers.get(TIMESTAMP_HEADER, ""), headers.get(SIGNATURE_HEADER, ""), body, now
         )
+
+    def connect_markup(self, stream_url: str, parameters: Mapping[str, str], action_url: str) -> str:
+        return stream_markup(stream_url, parameters, self.stream_attributes, redirect=action_url)
 
     def parse_start(self, message: Mapping[str, Any]) -> StreamStart:
         start = message.get("start")

@@ -9,7 +9,10 @@ the WebSocket and sends JSON text messages (field names as Twilio documents them
   `start.mediaFormat`), then `media` (`media.payload`: base64 mu-law, 8 kHz, 20 ms), `dtmf`
   (`dtmf.digit`), `mark` (`mark.name`, echoed when the audio sent before it has played, or at once
   for every pending mark after a `clear`) and finally `stop`;
-- we send `media`, `mark` and `clear`, each with the `streamSid`.
+- we send `media`, `mark` and `clear`, each with the `streamSid` (nothing else: no digit events).
+
+`<Connect action="...">` makes Twilio request that URL when the stream ends, and run the TwiML it
+answers: `<Dial>` to transfer the caller, `<Hangup/>` to end the call.
 
 Webhook requests carry `X-Twilio-Signature`: base64 HMAC-SHA1, keyed with the account's auth token, over
 the full URL Twilio requested followed by the POST parameters sorted by name, each name then its value.
@@ -82,13 +85,40 @@ def required_str(container: Mapping[str, Any], key: str) -> str:
 # markup (TwiML; Telnyx's TeXML takes the same verbs)
 
 
-def stream_markup(url: str, parameters: Mapping[str, str], attributes: Mapping[str, str]) -> str:
-    """`<Response><Connect><Stream url=...>` with a `<Parameter>` per custom parameter."""
+def stream_markup(
+    url: str,
+    parameters: Mapping[str, str],
+    attributes: Mapping[str, str],
+    *,
+    action: str = "",
+    redirect: str = "",
+) -> str:
+    """`<Response><Connect><Stream url=...>` with a `<Parameter>` per custom parameter; `action` goes on
+    the `<Connect>`, `redirect` becomes a `<Redirect>` after it (for markup whose `<Connect>` has none)."""
     response = ElementTree.Element("Response")
-    connect = ElementTree.SubElement(response, "Connect")
+    connect = ElementTree.SubElement(
+        response, "Connect", {"action": action, "method": "POST"} if action else {}
+    )
     stream = ElementTree.SubElement(connect, "Stream", {"url": url, **attributes})
     for name, value in parameters.items():
         ElementTree.SubElement(stream, "Parameter", {"name": name, "value": value})
+    if redirect:
+        ElementTree.SubElement(response, "Redirect", {"method": "POST"}).text = redirect
+    return _document(response)
+
+
+def dial_markup(destination: str) -> str:
+    """Transfer the caller: `<Dial><Sip>` a SIP URI, `<Dial><Number>` a +E.164 number."""
+    response = ElementTree.Element("Response")
+    dial = ElementTree.SubElement(response, "Dial")
+    noun = "Sip" if destination.lower().startswith(("sip:", "sips:")) else "Number"
+    ElementTree.SubElement(dial, noun).text = destination
+    return _document(response)
+
+
+def hangup_markup() -> str:
+    response = ElementTree.Element("Response")
+    ElementTree.SubElement(response, "Hangup")
     return _document(response)
 
 
@@ -196,6 +226,9 @@ class Twilio:
             ):
                 return None
         return "invalid Twilio signature"
+
+    def connect_markup(self, stream_url: str, parameters: Mapping[str, str], action_url: str) -> str:
+        return stream_markup(stream_url, parameters, self.stream_attributes, action=action_url)
 
     def parse_start(self, message: Mapping[str, Any]) -> StreamStart:
         start = message.get("start")

@@ -3,6 +3,11 @@
 Caller audio arrives as 48 kHz Opus frames and is turned into 16 kHz mono for the call; reply audio is
 pulled from the call's Outbound in 20 ms frames, paced by the track's clock. The `events` data channel
 that the page opens carries the call's JSON events.
+
+A browser has no telephone line behind it, so what the agent does to the line reaches the page as events
+(spec: "WebRTC: a page event"): `{"type": "transfer", "to": ...}` before the call ends as transferred,
+`{"type": "dtmf_out", "digits": ...}`, and `{"type": "hangup", "reason": ...}` just before the call's
+final state, whoever ended it; the events are through before the peer connection closes.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from parley.audio import audio_level_dbov, downmix, samples_per_frame
 from parley.call import Call
 from parley.log import event
 from parley.outbound import Outbound
-from parley.transports.base import Connect, FrameClock, HangUp
+from parley.transports.base import Connect, FrameClock, HangUp, LineActionFailed
+from parley.transports.line import keypad_digits, transfer_destination
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,7 @@ WEBRTC_RATE = 48000
 EVENTS_LABEL = "events"
 MAX_PENDING_EVENTS = 200
 CONNECT_TIMEOUT_S = 30.0
+EVENTS_DRAIN_S = 0.5  # how long a close waits for the last events to be acknowledged by the page
 INBOUND_JITTER_FRAMES = 1
 
 
@@ -206,6 +213,7 @@ class WebRtcPeer:
         if self._closed:
             return
         self._closed = True
+        await self._drain_events()
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
@@ -249,9 +257,33 @@ class WebRtcPeer:
     def audio_flushed(self) -> None:
         """Nothing to do: the next frame the track pulls is already silence."""
 
+    async def transfer(self, destination: str) -> None:
+        """The page is told where the caller is transferred (it decides what to do), and the call ends."""
+        target = transfer_destination(destination)
+        if self._closed:
+            raise LineActionFailed("the call has ended")
+        self.deliver_event({"type": "transfer", "to": target.text})
+        event(log, "webrtc_transfer", call_id=self.call.call_id, to=target.text)
+        self._on_gone("transferred")
+
+    async def send_dtmf(self, digits: str) -> None:
+        """No keypad line to play them on: the page is shown the digits."""
+        keys = keypad_digits(digits)
+        if self._closed:
+            raise LineActionFailed("the call has ended")
+        self.deliver_event({"type": "dtmf_out", "digits": keys})
+
     def deliver_event(self, payload: dict[str, Any]) -> None:
-        """Send an event to the page (from any thread); queued until the data channel opens."""
-        message = json.dumps(payload)
+        """Send an event to the page (from any thread); queued until the data channel opens.
+
+        The call's final state is preceded by a `hangup` event with the reason it ended (agent_hangup,
+        transferred, ...): the page tears down on the state, so the reason has to come first.
+        """
+        if payload.get("type") == "state" and payload.get("state") == "ended" and self.call.end_reason:
+            self._deliver_text(json.dumps({"type": "hangup", "reason": self.call.end_reason}))
+        self._deliver_text(json.dumps(payload))
+
+    def _deliver_text(self, message: str) -> None:
         if self._loop.is_closed():
             return
         try:
@@ -272,6 +304,24 @@ class WebRtcPeer:
                 log.debug("event_send_failed", extra={"call_id": self.call.call_id})
         elif not self._closed:
             self._pending.append(message)
+
+    async def _drain_events(self) -> None:
+        """Wait (bounded) until the page has the events sent so far. Closing the peer connection aborts
+        the SCTP association (an ABORT chunk, aiortc's RTCSctpTransport.stop), which drops whatever is
+        still queued or unacknowledged: without this the hang-up event would race the close."""
+        await asyncio.sleep(0)  # events handed over from other threads (call_soon_threadsafe) go first
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            return
+        deadline = time.monotonic() + EVENTS_DRAIN_S
+        while channel.readyState == "open" and time.monotonic() < deadline:
+            # aiortc has no "drained" signal: bufferedAmount counts what the channel has not handed to
+            # SCTP yet; the association's queues hold chunks until sent and acknowledged (SACK).
+            sctp = channel.transport
+            in_flight = getattr(sctp, "_outbound_queue", None) or getattr(sctp, "_sent_queue", None)
+            if channel.bufferedAmount == 0 and not in_flight:
+                return
+            await asyncio.sleep(0.01)
 
     # connection
 

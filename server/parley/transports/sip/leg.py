@@ -4,6 +4,10 @@ The agent's voice is pulled from the call's Outbound every 20 ms and sent as RTP
 the peer's jitter buffer and the RTP clock run on); caller audio and RFC 4733 digits go to the Call.
 The leg ends the call when the peer hangs up, when no RTP arrives for --rtp-timeout-s, or when our 2xx
 is never acknowledged; when the call ends from our side, it says BYE.
+
+For the agent it transfers the caller with REFER (RFC 3515, see refer.py) and sends keypad digits as
+RFC 4733 events on the RTP stream, or as SIP INFO (application/dtmf-relay) to a peer that negotiated no
+telephone-event.
 """
 
 from __future__ import annotations
@@ -18,17 +22,23 @@ from typing import Any, Protocol
 from parley import metrics
 from parley.call import Call
 from parley.log import event
-from parley.transports.base import HangUp, send_paced
+from parley.transports.base import HangUp, LineActionFailed, send_paced
+from parley.transports.line import keypad_digits, transfer_destination
 from parley.transports.sip.dialog import Dialog
 from parley.transports.sip.media import RtpStream
 from parley.transports.sip.message import SipRequest, SipResponse
+from parley.transports.sip.refer import ReferSubscription, refer_request, refer_to
 from parley.transports.sip.transactions import T1, T2, TIMEOUT, Peer
+from parley.transports.sip.uri import SipError, SipUri
 
 log = logging.getLogger(__name__)
 
 SIP_RATE = 8000
 WATCH_INTERVAL_S = 1.0
 BYE_TIMEOUT_S = 5.0
+REFER_OUTCOME_S = 30.0  # how long the transferee's new call may take to be answered (or refused)
+DIGIT_S = 0.26  # one RFC 4733 key press on the stream: 160 ms of tone, the end repeats, the pause
+INFO_DIGIT_S = 0.22  # between INFO digits: the 160 ms the body announces, and a pause
 
 
 class LegOwner(Protocol):
@@ -64,6 +74,7 @@ class SipLeg:
         self._unacked: tuple[SipResponse, Peer, int] | None = None  # our 2xx, retransmitted until ACK
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.refer: ReferSubscription | None = None  # our transfer under way, whose NOTIFYs we await
 
     @property
     def call_id(self) -> str:
@@ -82,6 +93,8 @@ class SipLeg:
         if self._closed:
             return
         self._closed = True
+        if self.refer is not None:
+            self.refer.end("the call ended during the transfer")
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]
         for task in tasks:
@@ -102,6 +115,76 @@ class SipLeg:
             event(log, "sip_bye_sent", call_id=self.call_id, status=response.status)
         except (TimeoutError, asyncio.CancelledError, OSError):
             event(log, "sip_bye_unanswered", logging.WARNING, call_id=self.call_id)
+
+    # what the agent does to the line
+
+    async def transfer(self, destination: str) -> None:
+        """REFER the peer to `destination` and wait for the NOTIFY with the new call's final status: a 2xx
+        ends this call as "transferred" (our BYE follows, RFC 3515 example flows); anything else raises
+        LineActionFailed and the call goes on."""
+        target = refer_to(transfer_destination(destination), self.dialog)
+        try:
+            SipUri.parse(target)
+        except SipError as exc:
+            raise LineActionFailed(f"cannot transfer to {destination!r}: {exc}") from None
+        if self._closed or not self.dialog.confirmed:
+            raise LineActionFailed("the call is not connected")
+        if self.refer is not None:
+            raise LineActionFailed("a transfer is already under way")
+        subscription = self.refer = ReferSubscription()
+        try:
+            response = await self.owner.request_in_dialog(self.dialog, refer_request(self.dialog, target))
+            if response.status >= 300:
+                raise LineActionFailed(f"the transfer was refused: {response.status} {response.reason}")
+            try:
+                status, reason = await asyncio.wait_for(asyncio.shield(subscription.outcome), REFER_OUTCOME_S)
+            except TimeoutError:
+                raise LineActionFailed(f"the transfer had no outcome within {REFER_OUTCOME_S:g} s") from None
+        finally:
+            self.refer = None
+        event(
+            log,
+            "sip_transfer",
+            call_id=self.call_id,
+            to=target,
+            status=status,
+            progress=",".join(map(str, subscription.progress)),
+        )
+        if not 200 <= status < 300:
+            raise LineActionFailed(f"the transfer failed: {status} {reason}" if status else reason)
+        self.hang_up("transferred")
+
+    async def send_dtmf(self, digits: str) -> None:
+        """Play `digits` to the peer: RFC 4733 events paced by the RTP clock, or one INFO per digit to a
+        peer without telephone-event; returns once they have been sent."""
+        keys = keypad_digits(digits)
+        if self._closed:
+            raise LineActionFailed("the call has ended")
+        if not self.rtp.telephone_events:
+            await self._send_info_digits(keys)
+            return
+        if self.rtp.remote is None:
+            raise LineActionFailed("the call is on hold: no audio goes to the far end")
+        for key in keys:
+            if not self.rtp.send_dtmf(key):
+                raise LineActionFailed("too many digits are waiting to be sent")
+        deadline = time.monotonic() + len(keys) * DIGIT_S + 2.0
+        while self.rtp.dtmf_pending:
+            if self._closed or time.monotonic() > deadline:
+                raise LineActionFailed("the digits could not all be sent")
+            await asyncio.sleep(0.02)
+
+    async def _send_info_digits(self, keys: str) -> None:
+        for key in keys:
+            info = self.dialog.request(
+                "INFO",
+                body=f"Signal={key}\r\nDuration=160\r\n".encode(),
+                content_type="application/dtmf-relay",
+            )
+            response = await self.owner.request_in_dialog(self.dialog, info)
+            if response.status >= 300:
+                raise LineActionFailed(f"the far end refused the digits: {response.status} {response.reason}")
+            await asyncio.sleep(INFO_DIGIT_S)
 
     # media
 

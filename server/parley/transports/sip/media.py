@@ -142,6 +142,16 @@ class RtpStream:
     def duplicates(self) -> int:
         return self._buffer.duplicates
 
+    @property
+    def telephone_events(self) -> bool:
+        """Whether the peer takes RFC 4733 telephone-events (it offered or answered them)."""
+        return self._negotiated is not None and self._negotiated.telephone_event_pt is not None
+
+    @property
+    def dtmf_pending(self) -> bool:
+        """Key presses still queued or being sent (the pause after the last one included)."""
+        return bool(self._digits) or self._dtmf_out is not None or self._digit_gap > 0
+
     def configure(self, negotiated: Negotiated) -> None:
         """Apply the SDP agreement; again on each re-INVITE (new address, codec, or hold)."""
         if negotiated.codec not in _DECODERS:

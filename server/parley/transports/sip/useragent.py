@@ -3,8 +3,9 @@
 Requests are matched to transactions (retransmissions absorbed there), then handled by method:
 INVITE opens a Call through `open_call` (100, 180, then 200 with the SDP answer, retransmitted until
 the ACK), CANCEL ends a call still ringing (200, then 487), BYE ends a call, a re-INVITE changes its
-media (hold, a new address or codec), INFO carries DTMF, OPTIONS answers health checks. Other methods
-get 405 (known) or 501. Outbound calls are dialled by `parley.transports.sip.uac`.
+media (hold, a new address or codec), INFO carries DTMF, OPTIONS answers health checks, NOTIFY reports
+on a transfer we asked for with REFER (RFC 3515; refer.py). Other methods get 405 (known) or 501.
+Outbound calls are dialled by `parley.transports.sip.uac`.
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ from parley.transports.sip.message import (
     new_tag,
     response_destination,
 )
+from parley.transports.sip.refer import EVENT_PACKAGE, SIPFRAG, sipfrag_status, subscription_terminated
 from parley.transports.sip.sdp import SdpError, answer, parse_sdp
 from parley.transports.sip.transactions import Key, Peer, ServerTransaction, TransactionLayer, server_key
+from parley.transports.sip.uri import SipError, SipUri
 
 log = logging.getLogger(__name__)
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO"
-KNOWN_UNSUPPORTED = frozenset(
-    {"REGISTER", "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER", "UPDATE", "PRACK"}
-)
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY"
+KNOWN_UNSUPPORTED = frozenset({"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "REFER", "UPDATE", "PRACK"})
 DTMF_TYPES = ("application/dtmf-relay", "application/dtmf")
 USER_AGENT = "parley"
 
@@ -154,6 +155,7 @@ class SipUserAgent:
             "BYE": self._on_bye,
             "OPTIONS": self._on_options,
             "INFO": self._on_info,
+            "NOTIFY": self._on_notify,
         }.get(message.method)
         if handler is not None:
             handler(tx, message, source)
@@ -209,6 +211,10 @@ class SipUserAgent:
         if content_type != "application/sdp":
             tx.respond(415, headers=(("Accept", "application/sdp"),))
             return
+        agent = self.runtime.agent_for_sip_user(_request_user(request))
+        if agent is None:
+            tx.respond(404, headers=(_warning("no agent answers this number"),))
+            return
         setup = _Setup(tx, tx.local_tag, asyncio.Event())
         if tx.final_sent:
             # A CANCEL handled before this task ran (both in one TCP read) got its 487 already: the
@@ -217,7 +223,9 @@ class SipUserAgent:
         self._setups[tx.key] = setup
         try:
             offer = parse_sdp(request.body.decode("utf-8", errors="replace"))
-            await open_call(self.runtime, "sip", SIP_RATE, self._answering(setup, request, offer, source))
+            await open_call(
+                self.runtime, "sip", SIP_RATE, self._answering(setup, request, offer, source), agent=agent
+            )
         except CallRefused as exc:
             tx.respond(503, to_tag=setup.to_tag, headers=(("Retry-After", str(exc.retry_after_s)),))
         except SdpError as exc:
@@ -234,6 +242,11 @@ class SipUserAgent:
         async def connect(call: Call, hang_up: HangUp) -> SipLeg:
             call.caller = str(request.from_addr.uri)
             call.called = str(request.to_addr.uri)
+            # The SIP headers the agent file names become variables (X-Customer-Id -> x_customer_id).
+            for header in call.agent.sip_headers:
+                value = request.headers.get(header)
+                if value is not None:
+                    call.context[header.lower().replace("-", "_")] = value[:1024]
             call.set_state("ringing")
             rtp = await RtpStream.open(
                 self.rtp_host(),
@@ -417,6 +430,36 @@ class SipUserAgent:
         tx.respond(200)
         leg.call.dtmf_received(digit)
 
+    def _on_notify(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
+        """A NOTIFY of the subscription our REFER made (RFC 3515 2.4.4); any other matches no subscription
+        here: 481, as RFC 6665 asks of a subscriber."""
+        leg = self._leg_for(request) if request.to_tag else None
+        if leg is None:
+            tx.respond(481)
+            return
+        if not leg.dialog.accepts(request):
+            tx.respond(500, "CSeq out of order")  # 12.2.2
+            return
+        if (request.headers.get("Event") or "").split(";")[0].strip().lower() != EVENT_PACKAGE:
+            tx.respond(489)  # Bad Event (RFC 6665): a package we did not subscribe to
+            return
+        subscription = leg.refer
+        if subscription is None:
+            tx.respond(481)
+            return
+        content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        status, reason = None, ""
+        if request.body and content_type == SIPFRAG:
+            try:
+                status, reason = sipfrag_status(request.body)
+            except ValueError as exc:
+                tx.respond(400, "Bad sipfrag", headers=(_warning(str(exc)),))
+                return
+        tx.respond(200)
+        subscription.notified(
+            status, reason, subscription_terminated(request.headers.get("Subscription-State"))
+        )
+
 
 def _info_digit(content_type: str, body: str) -> str | None:
     """The key in an INFO body: `Signal=5` (application/dtmf-relay) or `5` (application/dtmf)."""
@@ -429,6 +472,14 @@ def _info_digit(content_type: str, body: str) -> str | None:
                 value = rest.strip()
     digit = {"10": "*", "11": "#"}.get(value, value).upper()
     return digit if len(digit) == 1 and digit in "0123456789*#ABCD" else None
+
+
+def _request_user(request: SipRequest) -> str:
+    """The request-URI's user (a number, an extension, an agent's name); '' when it has none."""
+    try:
+        return SipUri.parse(request.uri).user or ""
+    except SipError:
+        return ""
 
 
 def _warning(text: str) -> tuple[str, str]:

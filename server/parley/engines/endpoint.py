@@ -1,0 +1,140 @@
+"""An OpenAI-compatible /chat/completions endpoint as the LLM (vLLM, llama.cpp's server, Ollama, hosted
+APIs): the reply streamed as server-sent events, tools offered as `tools` and asked for as streamed
+`tool_calls`. The standard library only: it runs in a stage thread, not on the event loop, and a stop
+cuts the socket so that even a stalled server releases the thread at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from parley.engines.llm import ENDPOINT_TIMEOUT_S, LlmError, Message, Tools
+from parley.engines.toolcalls import ToolCall, ToolCallAccumulator
+
+
+class OpenAiLlm:
+    """LlmEngine over an OpenAI-compatible /chat/completions endpoint (vLLM, llama.cpp, Ollama...).
+
+    The standard library only: this runs in a stage thread, not on the event loop.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str = "",
+        api_key: str = "",
+        max_tokens: int = 80,
+        temperature: float = 0.0,
+        timeout: float = ENDPOINT_TIMEOUT_S,
+    ) -> None:
+        parts = urllib.parse.urlsplit(url.rstrip("/") + "/chat/completions")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"llm_url must be an http(s) URL, not {url!r}")
+        self.url = urllib.parse.urlunsplit(parts)
+        self._parts = parts
+        self.model = model
+        self._api_key = api_key
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.timeout = timeout
+
+    def _connect(self) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+        return cls(self._parts.hostname or "", self._parts.port, timeout=self.timeout)
+
+    def stream(
+        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
+    ) -> Iterator[str | ToolCall]:
+        if should_stop():
+            return
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+        }
+        if tools:
+            request["tools"] = tools
+        body = json.dumps(request).encode()
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        path = self._parts.path + (f"?{self._parts.query}" if self._parts.query else "")
+        conn = self._connect()
+        done = threading.Event()
+        # A busy or stalled endpoint would keep us blocked in a read; the watcher cuts the socket on a stop.
+        watcher = threading.Thread(target=self._watch, args=(conn, done, should_stop), daemon=True)
+        watcher.start()
+        try:
+            conn.request("POST", path, body, headers)
+            response = conn.getresponse()
+            if response.status != 200:
+                detail = response.read(2000).decode("utf-8", "replace").strip()
+                raise LlmError(f"{self.url}: HTTP {response.status} {response.reason}: {detail}")
+            yield from self._events(response, should_stop)
+        except (OSError, http.client.HTTPException) as exc:
+            if should_stop():
+                return
+            raise LlmError(f"{self.url}: {exc}") from exc
+        finally:
+            done.set()
+            watcher.join()
+            conn.close()
+
+    @staticmethod
+    def _watch(
+        conn: http.client.HTTPConnection, done: threading.Event, should_stop: Callable[[], bool]
+    ) -> None:
+        while not done.wait(0.02):
+            sock = conn.sock  # None until connected: keep watching
+            if sock is not None and should_stop():
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                return
+
+    def _events(
+        self, response: http.client.HTTPResponse, should_stop: Callable[[], bool]
+    ) -> Iterator[str | ToolCall]:
+        calls = ToolCallAccumulator()
+        yield from self._deltas(response, should_stop, calls)
+        if not should_stop():
+            yield from calls.calls()
+
+    def _deltas(
+        self, response: http.client.HTTPResponse, should_stop: Callable[[], bool], calls: ToolCallAccumulator
+    ) -> Iterator[str]:
+        for raw in response:
+            if should_stop():
+                return
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue  # blank separators, comments (": keep-alive"), event:/id: fields
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                chunk = json.loads(data)
+            except ValueError as exc:
+                raise LlmError(f"{self.url}: malformed stream event {data[:200]!r}") from exc
+            if not isinstance(chunk, dict):
+                raise LlmError(f"{self.url}: unexpected stream event {data[:200]!r}")
+            if chunk.get("error"):
+                raise LlmError(f"{self.url}: {chunk['error']}")
+            choices = chunk.get("choices") or []
+            if not choices:
+                continue
+            delta = choices[0].get("delta") or {}
+            if delta.get("tool_calls"):
+                calls.push(delta["tool_calls"])
+            content = delta.get("content")
+            if content:
+                yield str(content)
