@@ -91,7 +91,7 @@ def test_a_question_leads_to_one_tool_call_and_the_reply_speaks_its_result() -> 
     call, line = start_call(agent(tools=(LOOKUP,)), script)
     try:
         line.say(np.concatenate([loud(800), quiet(500)]))
-        line.wait(lambda: line.event("agent_done") is not None)
+        line.wait(lambda: line.event("agent_done") is not None, timeout=30)
         done = line.event("agent_done")
         assert done is not None and "Thursday" in done["text"] and done["interrupted"] is False
         assert agent_tools.CALLS == [{"tool": "lookup_order", "number": "123456"}]
@@ -118,7 +118,7 @@ def test_a_side_effecting_tool_never_runs_for_a_revision_the_caller_reopened() -
     call, line = start_call(agent(tools=(SLOW,)), script, reopen_grace_ms=600)
     try:
         line.say(np.concatenate([loud(600), quiet(400), loud(600), quiet(700)]))
-        line.wait(lambda: line.event("agent_done") is not None, timeout=15)
+        line.wait(lambda: line.event("agent_done") is not None, timeout=30)
         assert agent_tools.CALLS == [{"tool": "slow_lookup", "number": "2"}]
         turn = call.details()["transcript"][0]
         assert turn["revision"] == 1 and [t["tool_call_id"] for t in turn["tools"]] == ["call_2"]
@@ -161,7 +161,7 @@ def test_a_tool_that_hangs_reaches_the_model_as_a_timeout_and_the_call_goes_on()
     call, line = start_call(agent(tools=(hanging,)), script)
     try:
         line.say(np.concatenate([loud(800), quiet(500)]))
-        line.wait(lambda: line.event("agent_done") is not None, timeout=15)
+        line.wait(lambda: line.event("agent_done") is not None, timeout=30)
         tool = call.details()["transcript"][0]["tools"][0]
         assert tool["ok"] is False and "300 ms" in json.loads(tool["result"])["error"]
         assert "slow" in (line.event("agent_done") or {})["text"]
@@ -179,7 +179,7 @@ def test_goodbye_then_the_agent_hangs_up_once_it_was_heard() -> None:
     call.line = fake  # type: ignore[assignment]
     try:
         line.say(np.concatenate([loud(800), quiet(500)]))
-        line.wait(lambda: line.event("agent_done") is not None, timeout=15)
+        line.wait(lambda: line.event("agent_done") is not None, timeout=30)
         line.wait(lambda: fake.hung_up == ["agent_hangup"], timeout=5)
         assert "Goodbye" in (line.event("agent_done") or {})["text"]
     finally:
@@ -202,7 +202,7 @@ def test_a_failed_transfer_is_told_to_the_caller_and_the_call_goes_on() -> None:
     call.line = fake  # type: ignore[assignment]
     try:
         line.say(np.concatenate([loud(800), quiet(500)]))
-        line.wait(lambda: line.event("agent_done") is not None, timeout=20)
+        line.wait(lambda: line.event("agent_done") is not None, timeout=30)
         tool = call.details()["transcript"][0]["tools"][0]
         assert not tool["ok"] and "486" in json.loads(tool["result"])["error"]
         assert "busy" in (line.event("agent_done") or {})["text"] and not fake.hung_up
@@ -221,7 +221,7 @@ def test_arguments_outside_the_transfer_list_are_refused_before_anything_happens
     call.line = fake  # type: ignore[assignment]
     try:
         line.say(np.concatenate([loud(800), quiet(500)]))
-        line.wait(lambda: line.event("agent_done") is not None, timeout=20)
+        line.wait(lambda: line.event("agent_done") is not None, timeout=30)
         tool = call.details()["transcript"][0]["tools"][0]
         assert not tool["ok"] and "invalid arguments" in json.loads(tool["result"])["error"]
         assert fake.transfers == []

@@ -111,7 +111,7 @@ class CarrierCaller(Ears):
         await self._send({"event": "start", "start": self._start(params)})
         self._tasks = [asyncio.ensure_future(self._read()), asyncio.ensure_future(self._tick())]
         self.call_id = await self._find_call(timeout)
-        self._tasks.append(asyncio.ensure_future(self._follow_events()))
+        self._tasks.append(asyncio.ensure_future(self.follow_events(self.base_url, self.call_id)))
         return self.call_id
 
     def _start(self, params: dict[str, str]) -> dict[str, Any]:
@@ -144,15 +144,6 @@ class CarrierCaller(Ears):
                 raise CallFailed(f"the stream was closed: {self.close_code}")
             await asyncio.sleep(0.05)
         raise CallFailed("the call did not start")
-
-    async def _follow_events(self) -> None:
-        assert self._session is not None
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            async with self._session.get(f"{self.base_url}/api/calls/{self.call_id}/events") as r:
-                async for line in r.content:
-                    if line.startswith(b"data: "):
-                        with contextlib.suppress(ValueError):
-                            self.events.append((time.monotonic(), json.loads(line[6:])))
 
     # the media server
 

@@ -9,11 +9,14 @@ tests measure every transport the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import aiohttp
 import numpy as np
 
 from parley.audio import PIPELINE_RATE, resample, samples_per_frame
@@ -93,6 +96,18 @@ class Ears:
         self.rate = rate
         self.heard = Heard()
         self.events: list[tuple[float, dict[str, Any]]] = []
+
+    async def follow_events(self, base_url: str, call_id: str, token: str = "") -> None:
+        """Keep the call's events (`GET /api/calls/<id>/events`, Server-Sent Events) until it ends: how a
+        caller without the page's data channel (SIP, a carrier stream) sees what the service decided."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = f"{base_url.rstrip('/')}/api/calls/{call_id}/events"
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as response:
+                async for line in response.content:
+                    if line.startswith(b"data: "):
+                        with contextlib.suppress(ValueError):
+                            self.events.append((time.monotonic(), json.loads(line[6:])))
 
     async def say(self, pcm16k: np.ndarray) -> tuple[float, float]:
         """Speak a clip; returns (speech started, speech ended) once it is sent."""

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from parley.audio import rms_dbfs
@@ -103,23 +101,15 @@ class SipCaller(Ears):
             asyncio.ensure_future(send_paced(lambda: self.mic.next_frame(time.monotonic()), rtp.send_frame))
         )
         if self.call_id:
-            self._tasks.append(asyncio.ensure_future(self._follow_events()))
+            self._tasks.append(
+                asyncio.ensure_future(self.follow_events(self.base_url, self.call_id, self.token))
+            )
         return self.call_id
 
     def _heard(self, pcm: np.ndarray) -> None:
         self.heard.times.append(time.monotonic())
         self.heard.levels.append(rms_dbfs(pcm))
         self.heard.pcm.append(pcm)
-
-    async def _follow_events(self) -> None:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        url = f"{self.base_url}/api/calls/{self.call_id}/events"
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as r:
-                async for line in r.content:
-                    if line.startswith(b"data: "):
-                        with contextlib.suppress(ValueError):
-                            self.events.append((time.monotonic(), json.loads(line[6:])))
 
     def press(self, digits: str) -> None:
         """Keypad digits as RFC 4733 telephone-events."""

@@ -115,7 +115,21 @@ class _IncrementalDecoder:
         return after[len(before) :]
 
 
-class Ct2Llm:
+class LocalLlm:
+    """A model run here (not an endpoint): its text, with the tool calls its chat template asks for."""
+
+    def stream(
+        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
+    ) -> Iterator[str | ToolCall]:
+        return with_tagged_tool_calls(self._text(messages, should_stop, tools), tools)
+
+    def _text(
+        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
+    ) -> Iterator[str]:
+        raise NotImplementedError
+
+
+class Ct2Llm(LocalLlm):
     """LlmEngine over a CTranslate2 Generator; `workers` replies are generated in parallel."""
 
     def __init__(
@@ -183,11 +197,6 @@ class Ct2Llm:
             text: str = self._tokenizer.decode(ids, skip_special_tokens=True)
         return text
 
-    def stream(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
-    ) -> Iterator[str | ToolCall]:
-        return with_tagged_tool_calls(self._text(messages, should_stop, tools), tools)
-
     def _text(
         self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
     ) -> Iterator[str]:
@@ -226,7 +235,7 @@ class Ct2Llm:
             steps.close()  # waits for the model to stop (at most one more token)
 
 
-class TransformersLlm:
+class TransformersLlm(LocalLlm):
     """LlmEngine over a transformers causal LM (hub name or local folder); GPU when there is one."""
 
     def __init__(
@@ -249,11 +258,6 @@ class TransformersLlm:
         model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         self._model = model.to(device).eval()
         self._lock = threading.Lock()
-
-    def stream(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
-    ) -> Iterator[str | ToolCall]:
-        return with_tagged_tool_calls(self._text(messages, should_stop, tools), tools)
 
     def _text(
         self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None

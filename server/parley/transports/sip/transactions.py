@@ -55,7 +55,21 @@ def server_key(request: SipRequest, method: str | None = None) -> Key:
     return branch, sent_by, method or request.method
 
 
-class ServerTransaction:
+class _Timed:
+    """A transaction's timers (RFC 3261 17's Timers A-K), all cancelled together."""
+
+    _timers: list[asyncio.TimerHandle]
+
+    def _later(self, delay: float, callback: Callable[..., None], *args: object) -> None:
+        self._timers.append(asyncio.get_running_loop().call_later(delay, callback, *args))
+
+    def _cancel_timers(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+
+
+class ServerTransaction(_Timed):
     def __init__(self, layer: TransactionLayer, request: SipRequest, peer: Peer) -> None:
         self.layer = layer
         self.request = request
@@ -129,21 +143,13 @@ class ServerTransaction:
             self.layer.send(self.last_response, self.peer)
             self._later(min(2 * interval, T2), self._retransmit_final, min(2 * interval, T2))
 
-    def _later(self, delay: float, callback: Callable[..., None], *args: object) -> None:
-        self._timers.append(asyncio.get_running_loop().call_later(delay, callback, *args))
-
-    def _cancel_timers(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
-        self._timers.clear()
-
     def terminate(self) -> None:
         self.state = "terminated"
         self._cancel_timers()
         self.layer.server_ended(self)
 
 
-class ClientTransaction:
+class ClientTransaction(_Timed):
     """One request we sent, until its final response (or a 408 made up at Timer B/F)."""
 
     def __init__(
@@ -220,14 +226,6 @@ class ClientTransaction:
             timeout = make_response(self.request, 408, "Request Timeout")
             self.final.set_result(timeout)
         self.terminate()
-
-    def _later(self, delay: float, callback: Callable[..., None], *args: object) -> None:
-        self._timers.append(asyncio.get_running_loop().call_later(delay, callback, *args))
-
-    def _cancel_timers(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
-        self._timers.clear()
 
     def terminate(self) -> None:
         self._cancel_timers()

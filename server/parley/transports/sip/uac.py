@@ -58,12 +58,7 @@ async def dial(ua: SipUserAgent, to: str) -> Call:
         call.called = str(uri)
         call.caller = f"sip:{ua.settings.sip_caller_id}@{ua.sent_by()}"
         call.set_state("dialing")
-        rtp = await RtpStream.open(
-            ua.rtp_host(),
-            ua.rtp_ports,
-            on_audio=functools.partial(call.push_audio, rate=SIP_RATE),
-            on_dtmf=call.dtmf_received,
-        )
+        rtp = await ua.open_rtp(call)
         try:
             return await _invite(ua, call, hang_up, uri, rtp)
         except BaseException:

@@ -173,6 +173,18 @@ class SipUserAgent:
             return False
         return any(address in network for network in self._allow)
 
+    def _dialog_leg(self, tx: ServerTransaction, request: SipRequest) -> SipLeg | None:
+        """The call an in-dialog request belongs to; None, answered, when there is none (481) or the
+        request is out of order (500, RFC 3261 12.2.2)."""
+        leg = self._leg_for(request) if request.to_tag else None
+        if leg is None:
+            tx.respond(481)
+            return None
+        if not leg.dialog.accepts(request):
+            tx.respond(500, "CSeq out of order")
+            return None
+        return leg
+
     def _leg_for(self, request: SipRequest) -> SipLeg | None:
         return self.legs.get((request.call_id, request.to_tag or "", request.from_tag or ""))
 
@@ -248,12 +260,7 @@ class SipUserAgent:
                 if value is not None:
                     call.context[header.lower().replace("-", "_")] = value[:1024]
             call.set_state("ringing")
-            rtp = await RtpStream.open(
-                self.rtp_host(),
-                self.rtp_ports,
-                on_audio=functools.partial(call.push_audio, rate=SIP_RATE),
-                on_dtmf=call.dtmf_received,
-            )
+            rtp = await self.open_rtp(call)
             try:
                 return await self._connect_answered(call, hang_up, setup, request, offer, source, rtp)
             except BaseException:
@@ -315,15 +322,20 @@ class SipUserAgent:
     def rtp_host(self) -> str:
         return self.bind_host
 
+    async def open_rtp(self, call: Call) -> RtpStream:
+        """A call's RTP port pair, its audio and digits going to the call."""
+        return await RtpStream.open(
+            self.rtp_host(),
+            self.rtp_ports,
+            on_audio=functools.partial(call.push_audio, rate=SIP_RATE),
+            on_dtmf=call.dtmf_received,
+        )
+
     # in-dialog requests
 
     def _on_reinvite(self, tx: ServerTransaction, request: SipRequest) -> None:
-        leg = self._leg_for(request)
+        leg = self._dialog_leg(tx, request)
         if leg is None:
-            tx.respond(481)
-            return
-        if not leg.dialog.accepts(request):
-            tx.respond(500, "CSeq out of order")
             return
         if leg.has_pending_2xx:
             tx.respond(491)  # 14.2: our previous answer still waits for its ACK
@@ -384,26 +396,16 @@ class SipUserAgent:
         event(log, "sip_cancelled", sip_call_id=request.call_id)
 
     def _on_bye(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
-        leg = self._leg_for(request)
+        leg = self._dialog_leg(tx, request)
         if leg is None:
-            tx.respond(481)
-            return
-        if not leg.dialog.accepts(request):
-            tx.respond(500, "CSeq out of order")
             return
         tx.respond(200)
         leg.remote_ended = True
         leg.hang_up("hangup")
 
     def _on_options(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
-        if request.to_tag:
-            leg = self._leg_for(request)
-            if leg is None:
-                tx.respond(481)
-                return
-            if not leg.dialog.accepts(request):
-                tx.respond(500, "CSeq out of order")  # 12.2.2
-                return
+        if request.to_tag and self._dialog_leg(tx, request) is None:
+            return
         headers = (
             ("Allow", ALLOW),
             ("Accept", "application/sdp"),
@@ -412,12 +414,8 @@ class SipUserAgent:
         tx.respond(200, headers=headers)
 
     def _on_info(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
-        leg = self._leg_for(request)
+        leg = self._dialog_leg(tx, request)
         if leg is None:
-            tx.respond(481)
-            return
-        if not leg.dialog.accepts(request):
-            tx.respond(500, "CSeq out of order")  # 12.2.2
             return
         content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if content_type not in DTMF_TYPES:
@@ -433,12 +431,8 @@ class SipUserAgent:
     def _on_notify(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
         """A NOTIFY of the subscription our REFER made (RFC 3515 2.4.4); any other matches no subscription
         here: 481, as RFC 6665 asks of a subscriber."""
-        leg = self._leg_for(request) if request.to_tag else None
+        leg = self._dialog_leg(tx, request)
         if leg is None:
-            tx.respond(481)
-            return
-        if not leg.dialog.accepts(request):
-            tx.respond(500, "CSeq out of order")  # 12.2.2
             return
         if (request.headers.get("Event") or "").split(";")[0].strip().lower() != EVENT_PACKAGE:
             tx.respond(489)  # Bad Event (RFC 6665): a package we did not subscribe to
