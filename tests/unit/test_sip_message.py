@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from parley.transports.sip.framing import StreamFramer
 from parley.transports.sip.message import (
     Headers,
     NameAddr,
@@ -15,7 +16,6 @@ from parley.transports.sip.message import (
     SipRequest,
     SipResponse,
     SipUri,
-    StreamFramer,
     Via,
     fix_via_received,
     make_response,

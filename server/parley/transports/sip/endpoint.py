@@ -15,10 +15,10 @@ from typing import Any
 
 from parley import metrics
 from parley.log import event
+from parley.transports.sip.framing import StreamFramer
 from parley.transports.sip.message import (
     SipRequest,
     SipResponse,
-    StreamFramer,
     make_response,
     new_tag,
     parse_message,

@@ -26,7 +26,7 @@ from parley.transports.sip.uri import (
 )
 
 __all__ = [
-    "Headers", "NameAddr", "SipError", "SipMessage", "SipRequest", "SipResponse", "SipUri", "StreamFramer",
+    "Headers", "NameAddr", "SipError", "SipMessage", "SipRequest", "SipResponse", "SipUri",
     "Via", "default_reason", "fix_via_received", "make_response", "new_branch", "new_call_id", "new_tag",
     "parse_message", "response_destination",
 ]  # fmt: skip
@@ -55,9 +55,9 @@ _LIST_HEADERS = frozenset({
     "content-encoding",
 })  # fmt: skip
 _MANDATORY = ("Via", "From", "To", "Call-ID", "CSeq")  # RFC 3261 8.1.1
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
+HEAD_END = re.compile(rb"\r?\n\r?\n")
 _LINE_END = re.compile(r"\r?\n")
-_LENGTH = re.compile(rb"^(?:content-length|l)[ \t]*:([^\r\n]*)", re.IGNORECASE | re.MULTILINE)
+LENGTH_LINE = re.compile(rb"^(?:content-length|l)[ \t]*:([^\r\n]*)", re.IGNORECASE | re.MULTILINE)
 _BAD_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _DIGITS = re.compile(r"[0-9]{1,9}")
 _REQUEST_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S+")
@@ -296,7 +296,7 @@ def _split_head(head: bytes) -> tuple[str, list[tuple[str, str]], str | None]:
     return lines[0], fields, problem
 
 
-def _content_length(values: set[str]) -> int | None:
+def content_length(values: set[str]) -> int | None:
     if not values:
         return None
     if len(values) > 1:
@@ -313,7 +313,7 @@ def parse_message(data: bytes) -> SipMessage:
     if len(data) > MAX_MESSAGE_BYTES:
         raise SipError("message larger than 64 KiB", 513)
     data = data.lstrip(b"\r\n")  # RFC 3261 7.5: empty lines before the start line are ignored
-    end = _HEAD_END.search(data)
+    end = HEAD_END.search(data)
     if end is None:
         raise SipError("no empty line after the headers")
     start, fields, problem = _split_head(data[: end.start()])
@@ -340,7 +340,7 @@ def parse_message(data: bytes) -> SipMessage:
             pass
     try:
         body = data[end.end() :]
-        length = _content_length({value for name, value in fields if name == "Content-Length"})
+        length = content_length({value for name, value in fields if name == "Content-Length"})
         if length is not None:
             if length > len(body):
                 raise SipError("body shorter than Content-Length")
@@ -365,52 +365,6 @@ def _validate(message: SipMessage) -> None:
     max_forwards = message.headers.get("Max-Forwards")
     if max_forwards is not None and not re.fullmatch(r"[0-9]{1,3}", max_forwards):
         raise SipError("bad Max-Forwards")
-
-
-class StreamFramer:
-    """Cuts a TCP byte stream into messages by Content-Length (RFC 3261 18.3: mandatory on streams).
-
-    A SipError leaves the stream unframeable: the connection should be closed.
-    """
-
-    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
-        self._buffer = bytearray()
-        self._max = max_message_bytes
-        self._scanned = 0  # the head's end was not found before this offset
-        self._total: int | None = None  # length of the message at the buffer's start, once known
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data
-        messages: list[bytes] = []
-        while True:
-            if self._total is None:
-                # RFC 3261 7.5 and RFC 5626 4.4.1: CRLFs between messages are keep-alives.
-                blank = len(self._buffer) - len(self._buffer.lstrip(b"\r\n"))
-                if blank:
-                    del self._buffer[:blank]
-                    self._scanned = 0
-                end = _HEAD_END.search(self._buffer, self._scanned)
-                if end is None:
-                    if len(self._buffer) > self._max:
-                        raise SipError("no complete message head within 64 KiB", 513)
-                    self._scanned = max(0, len(self._buffer) - 3)
-                    return messages
-                # Only the length is read here: a message malformed otherwise is still cut out whole, for
-                # parse_message to reject (and the UA to answer) without losing the connection.
-                head = bytes(self._buffer[: end.start()])
-                length = _content_length(
-                    {m.group(1).strip().decode("latin-1") for m in _LENGTH.finditer(head)}
-                )
-                if length is None:
-                    raise SipError("missing Content-Length on a stream transport")
-                self._total = end.end() + length
-                if self._total > self._max:
-                    raise SipError("message larger than 64 KiB", 513)
-            if len(self._buffer) < self._total:
-                return messages
-            messages.append(bytes(self._buffer[: self._total]))
-            del self._buffer[: self._total]
-            self._total, self._scanned = None, 0
 
 
 def make_response(
