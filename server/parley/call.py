@@ -10,7 +10,6 @@ resume, interrupt, reopen. `end()` stops everything it started; `join()` waits f
 from __future__ import annotations
 
 import datetime
-import itertools
 import logging
 import threading
 import time
@@ -25,9 +24,9 @@ from parley.agent.templates import render
 from parley.agent.tools import ToolRunner
 from parley.audio import PIPELINE_RATE, StreamResampler
 from parley.call_actions import AgentActions
+from parley.call_turns import TurnDecisions
 from parley.config import Settings
 from parley.engines import Engines
-from parley.engines.stt import Transcription
 from parley.log import event
 from parley.outbound import Outbound
 from parley.pipeline.backchannels import BackchannelJudge
@@ -47,6 +46,7 @@ from parley.pipeline.messages import (
 )
 from parley.pipeline.queues import StageQueue
 from parley.pipeline.replying import LlmStage
+from parley.pipeline.speculation import SpeculativeReplies
 from parley.pipeline.stages import BackchannelStage, SttStage, TtsStage, VadItem, VadStage
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import TurnTaker
@@ -91,6 +91,7 @@ class Call:
         self.context: dict[str, str] = {}  # variables from the transport (a carrier's custom parameters)
         self.tracker = SpeculativeTurnTracker()
         self.scope = CancelScope()
+        self.speculation = SpeculativeReplies()  # the reply started at a pause, before its turn ended
         self.conversation = Conversation(settings.system_prompt, settings.history_turns)
         self.outbound = Outbound(outbound_rate, gate=self._may_play, listener=self)
         self._listener: CallListener | None = None
@@ -104,10 +105,11 @@ class Call:
         self._watchers: list[Callable[[dict[str, Any]], None]] = []
         self._resampler: StreamResampler | None = None
         self._lock = threading.Lock()
-        self._turn_numbers = itertools.count(1)
         self._active: Response | None = None
         self._ended = threading.Event()
         self._started = False
+        self._greeted = False
+        self._lost_turns = 0  # turns an engine failed on (apologised for)
 
         self.vad_in: StageQueue[VadItem] = StageQueue("vad", maxsize=INBOUND_QUEUE_FRAMES)
         self.backchannel_in: StageQueue[BackchannelQuery] = StageQueue("backchannel")
@@ -115,9 +117,10 @@ class Call:
         self.llm_in: StageQueue[Transcript] = StageQueue("llm")
         self.tts_in: StageQueue[ReplyText] = StageQueue("tts")
         chunk_ms = 1000 * engines.vad.chunk_samples / engines.vad.sample_rate
-        self.turns = TurnTaker(settings, self.tracker, self, chunk_ms)
+        self.decisions = TurnDecisions(self)
+        self.turns = TurnTaker(settings, self.tracker, self.decisions, chunk_ms)
         self._threads: list[threading.Thread] = [
-            VadStage(self, self.vad_in, engines.vad, self.turns, self.keys_entered),
+            VadStage(self, self.vad_in, engines.vad, self.turns, self.decisions.keys_entered),
             SttStage(self, self.stt_in, engines.stt, self.llm_in),
             BackchannelStage(
                 self,
@@ -132,20 +135,46 @@ class Call:
 
     # lifecycle
 
-    def start(self) -> None:
+    def start(self, *, greet: bool = True) -> None:
+        """Start the stage threads; `greet=False` when the media connects later (WebRTC): the transport
+        calls `greet()` then, so that an offer that never connects costs no synthesis."""
         self._started = True
         metrics.CALLS_ACTIVE.labels(transport=self.transport).inc()
         for thread in self._threads:
             thread.start()
         event(log, "call_started", call_id=self.call_id, transport=self.transport)
         self.emit({"type": "call", "call_id": self.call_id, "agent": self.agent.name})
-        variables = self.variables()
-        self.conversation.system_prompt = render(self.agent.system_prompt, variables)
-        greeting = render(self.agent.greeting, variables)
+        self.conversation.system_prompt = render(self.agent.system_prompt, self.variables())
+        if greet:
+            self.greet()
+
+    def greet(self) -> None:
+        """Say the agent's greeting (once; from any thread), or start listening when it has none."""
+        with self._lock:
+            if self._greeted or not self._started or self._ended.is_set():
+                return
+            self._greeted = True
+        greeting = render(self.agent.greeting, self.variables())
         if greeting:
             self._say(greeting)
         else:
             self._set_state("listening")
+
+    def apologise(self) -> None:
+        """A model failed on the caller's turn (raised, or timed out): the caller hears a short apology and
+        may say it again. After `max_engine_failures` lost turns the call ends ("engine_error"): talking
+        on to an agent that cannot answer helps no one."""
+        with self._lock:
+            self._lost_turns += 1
+            lost = self._lost_turns
+        if self._ended.is_set():
+            return
+        event(log, "turn_lost", logging.WARNING, call_id=self.call_id, lost_turns=lost)
+        limit = self.settings.max_engine_failures
+        if limit and lost >= limit and self.line is not None:
+            self.line.hang_up("engine_error")
+        elif self.settings.apology:
+            self._say(self.settings.apology)
 
     def agent_speaking(self) -> bool:
         """Whether the agent has words on their way to the caller (being synthesised, queued, playing)."""
@@ -202,6 +231,22 @@ class Call:
     @property
     def ended(self) -> bool:
         return self._ended.is_set()
+
+    def stuck_threads(self) -> list[threading.Thread]:
+        """Stage threads still running after `join` gave up on them."""
+        return [t for t in self._threads if t.is_alive()]
+
+    def release(self) -> None:
+        """Drop what an ended call no longer needs (its transport and what it holds: the peer connection;
+        audio; the stages and their model state), keeping what `details()` reports. After `join`."""
+        self._listener = None
+        self._watchers = []
+        self.line = None
+        self.publish = lambda kind, data: None
+        self.take_active()
+        self.outbound.flush()
+        self.turns.forget_audio()
+        self._threads = [t for t in self._threads if t.is_alive()]
 
     def threads_alive(self) -> int:
         return sum(t.is_alive() for t in self._threads)
@@ -267,127 +312,52 @@ class Call:
 
     def reply_abandoned(self, response: Response) -> None:
         """Nothing will be said for this response (no words heard, or a stage failed)."""
+        self.drop_active(response)
+        self.tts_in.put(ReplyText(response, "", final=True))
+
+    def emit_for_reply(self, response: Response, payload: dict[str, Any]) -> None:
+        if not self.speculation.hold_event(response, payload):
+            self.emit(payload)
+
+    def _may_play(self, tag: Tag) -> bool | None:
+        """The Outbound's gate: None holds audio back (its turn has not ended, or a reopen is still
+        possible), False drops it."""
+        if self.scope.should_drop(tag.generation):
+            return False
+        if self.speculation.holds(tag):
+            return None
+        return self.tracker.try_is_latest_after_reopen_grace(tag.turn_id, tag.revision)
+
+    def wait_turn_ended(self, tag: Tag) -> bool:
+        """Block until the turn `tag` answers has ended (its speculative reply adopted); False when that
+        reply was cancelled instead, or the call ended."""
+        while not self.speculation.wait(tag, 0.05):
+            if self.is_stale(tag) or self._ended.is_set():
+                return False
+        return not self.is_stale(tag)
+
+    # what the stages and the turn decisions share
+
+    def make_active(self, response: Response) -> None:
+        """`response` is the reply on its way now (the one a barge-in cuts)."""
+        with self._lock:
+            self._active = response
+
+    def take_active(self) -> Response | None:
+        with self._lock:
+            active, self._active = self._active, None
+        return active
+
+    def drop_active(self, response: Response) -> None:
+        """`response` is no longer on its way (if it still was)."""
         with self._lock:
             if self._active is response:
                 self._active = None
-        self.tts_in.put(ReplyText(response, "", final=True))
-
-    def _may_play(self, tag: Tag) -> bool | None:
-        """The Outbound's gate: None holds audio back (reopen still possible), False drops it."""
-        if self.scope.should_drop(tag.generation):
-            return False
-        return self.tracker.try_is_latest_after_reopen_grace(tag.turn_id, tag.revision)
-
-    # turn control (VAD thread)
 
     def agent_active(self) -> bool:
         return self._active is not None or self.outbound.has_audio()
 
-    def pause_agent(self) -> float:
-        paused_at = self.outbound.pause()
-        self.emit({"type": "agent_paused", "paused_at": paused_at})
-        return paused_at
-
-    def resume_agent(self, heard: str) -> None:
-        """Not an interruption after all (a blip, or a backchannel: `heard` is what it sounded like)."""
-        self.outbound.resume()
-        self.emit({"type": "agent_resumed", "heard": heard})
-        event(log, "false_interruption", call_id=self.call_id, text=heard)  # logged as a transcript is
-
-    def interrupt_agent(self, onset_arrived_at: float, *, by: str = "speech") -> None:
-        had_audio = self.outbound.has_audio() and by == "speech"  # paused audio counts: the pause stopped it
-        paused_at = self.outbound.pause()
-        self.scope.cancel()
-        cut = self.outbound.flush()
-        self._flush_stage_queues()
-        with self._lock:
-            if self._active is not None and self._active not in cut:
-                cut.append(self._active)
-            self._active = None
-        for response in cut:
-            self._commit(response, interrupted=True)
-        stop_s = max(0.0, paused_at - onset_arrived_at)
-        metrics.BARGE_INS_TOTAL.inc()
-        if had_audio:
-            metrics.INTERRUPTION_LATENCY.observe(stop_s)
-        # Monotonic clock readings too: on one machine a benchmark can line them up with its own.
-        self.emit(
-            {
-                "type": "barge_in",
-                "by": by,
-                "stop_s": round(stop_s, 4),
-                "heard_at": onset_arrived_at,
-                "paused_at": paused_at,
-            }
-        )
-        event(log, "barge_in", call_id=self.call_id, stop_s=round(stop_s, 4), cut=len(cut))
-
-    def open_turn(self) -> str:
-        turn_id = f"{self.call_id}:turn-{next(self._turn_numbers)}"
-        metrics.TURNS_TOTAL.inc()
-        return turn_id
-
-    def user_started_speaking(self) -> None:
-        self._set_state("user_speaking")
-
-    def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
-        self.scope.new_response()
-        response = Response(Tag(turn_id, revision, self.scope.generation), speech_end=speech_end)
-        with self._lock:
-            self._active = response
-        self.stt_in.put(Utterance(response, audio))
-        self._set_state("thinking")
-
-    def speech_paused(
-        self,
-        turn_id: str,
-        revision: int,
-        audio: np.ndarray,
-        speech_end: float,
-        heard: Transcription | None = None,
-    ) -> None:
-        self.stt_in.put(EarlyUtterance(turn_id, revision, audio, speech_end, heard))
-
-    def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None:
-        self.scope.cancel()
-        self.outbound.flush()
-        self._flush_stage_queues()
-        with self._lock:
-            superseded = self._active
-            self._active = None
-        if superseded is not None:
-            metrics.COMMITS_TOTAL.labels(outcome="superseded").inc()
-            self.emit({"type": "agent_cancelled", "turn_id": turn_id})
-        self._set_state("user_speaking")
-        event(log, "turn_reopened", call_id=self.call_id, turn_id=turn_id, revision=candidate)
-
-    def keys_entered(self, digits: str) -> None:
-        """A finished keypad entry (VAD thread) is a user turn of its own: the LLM reads "[DTMF 12#]".
-
-        Keys pressed while the agent talks stop it, as on any phone menu.
-        """
-        now = time.monotonic()
-        if self.agent_active():
-            self.interrupt_agent(now, by="keypad")
-        turn_id = self.open_turn()
-        self.tracker.observe(turn_id, 0)
-        text = f"[DTMF {digits}]"
-        self.scope.new_response()
-        response = Response(Tag(turn_id, 0, self.scope.generation), speech_end=now, user_text=text)
-        with self._lock:
-            self._active = response
-        self.conversation.set_user_text(turn_id, 0, text)
-        self.emit(
-            {"type": "user_transcript", "turn_id": turn_id, "revision": 0, "text": text, "keypad": True}
-        )
-        event(log, "keys_entered", call_id=self.call_id, turn_id=turn_id, digits=digits)
-        self.llm_in.put(Transcript(response, text))
-        self._set_state("thinking")
-
-    def check_backchannel(self, request: int, audio: np.ndarray, speech_ms: float) -> None:
-        self.backchannel_in.put(BackchannelQuery(request, audio, speech_ms))
-
-    def _flush_stage_queues(self) -> None:
+    def flush_stage_queues(self) -> None:
         for q in (self.stt_in, self.llm_in, self.tts_in):
             q.flush()
 
@@ -417,11 +387,9 @@ class Call:
 
     def on_response_ended(self, response: Response, latest: bool) -> None:
         self.scope.response_done(response.tag.generation)
-        with self._lock:
-            if self._active is response:
-                self._active = None
+        self.drop_active(response)
         if latest and not self.scope.is_stale(response.tag.generation):
-            self._commit(response, interrupted=False)
+            self.commit(response, interrupted=False)
             if self.actions.hang_up_due and self.line is not None:
                 # The agent said goodbye (end_call) and the caller has now heard all of it.
                 self.line.hang_up("agent_hangup")
@@ -439,7 +407,8 @@ class Call:
             except Exception:
                 log.exception("flush_notice_failed", extra={"call_id": self.call_id})
 
-    def _commit(self, response: Response, *, interrupted: bool) -> None:
+    def commit(self, response: Response, *, interrupted: bool) -> None:
+        """The reply enters the history as far as the caller heard it."""
         tag = response.tag
         key = _turn_key(response)
         heard = response.heard_text()
@@ -453,8 +422,7 @@ class Call:
 
     def _say(self, text: str) -> None:
         response = Response(Tag(None, None, self.scope.generation))
-        with self._lock:
-            self._active = response
+        self.make_active(response)
         self.tts_in.put(ReplyText(response, text))
         self.tts_in.put(ReplyText(response, "", final=True))
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
+from parley.engines.cache import llm_hf_source
 from parley.engines.endpoint import OpenAiLlm
 from parley.engines.llm import (
     Ct2Llm,
@@ -24,6 +25,7 @@ from parley.engines.llm import (
     _IncrementalDecoder,
     load_llm,
 )
+from parley.engines.llm_batching import BatchedCt2Llm
 from tests.unit.test_engines_speech import normalise
 
 HELLO: list[Message] = [
@@ -83,6 +85,16 @@ class CountingGenerator:
 
         options["callback"] = counting
         return self.real.generate_tokens(prompt, **options)
+
+    def generate_batch(self, prompts: list[list[str]], **options: Any) -> Any:
+        inner: Callable[[Any], bool] = options["callback"]
+
+        def counting(step: Any) -> bool:
+            self.tokens += 1
+            return inner(step)
+
+        options["callback"] = counting
+        return self.real.generate_batch(prompts, **options)
 
 
 def test_packaged_model_streams_an_english_reply(llm: Ct2Llm) -> None:
@@ -189,6 +201,40 @@ def test_transformers_runtime_streams_and_stops() -> None:
 
     assert looks_english(text), text
     assert len(deltas) == 1
+
+
+def test_the_gpu_decoding_path_runs_on_the_cpu_with_the_same_code() -> None:
+    # On CUDA the transformers runtime decodes with a static KV cache (captured in CUDA graphs); the same
+    # code, with the device as a parameter, streams here, and gives the eager path's greedy reply.
+    source = llm_hf_source(Settings().resolved_cache_dir(), "smollm2-135m")
+    static = TransformersLlm(source, device="cpu", max_tokens=16, static_cache=True)
+    eager = TransformersLlm(source, device="cpu", max_tokens=16, static_cache=False)
+    assert static.static_cache and not eager.static_cache
+    assert "".join(static.stream(ROME, never)) == "".join(eager.stream(ROME, never))
+
+
+def test_the_batched_engine_gives_each_of_several_callers_its_own_greedy_reply(
+    llm: Ct2Llm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm, "max_tokens", 20)
+    prompts = [HELLO, ROME]
+    alone = ["".join(llm.stream(p, never)) for p in prompts]
+    together: list[str] = ["", ""]
+    barrier = threading.Barrier(len(prompts))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        together[i] = "".join(llm.stream(prompts[i], never))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert isinstance(llm, BatchedCt2Llm) and llm.max_batch > 1
+    assert together[1] == alone[1]  # the same words, whoever else was decoded alongside
+    assert looks_english(together[0]), together[0]
 
 
 # OpenAI-compatible endpoint, against a fake server on loopback.

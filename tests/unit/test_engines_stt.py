@@ -95,6 +95,37 @@ def test_three_concurrent_callers_each_get_their_own_text_in_one_or_two_batches(
     print("latency per caller:", {p[:12]: round(s, 3) for p, s in latency.items()}, "batches:", batch_sizes)
 
 
+def test_the_same_audio_gives_the_same_transcript_alone_or_batched(
+    stt: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alone = {phrase: stt.transcribe(voices[phrase]) for phrase in PHRASES}
+    batch_sizes: list[int] = []
+    generate = stt._generate
+
+    def counting(windows: list[Any]) -> Any:
+        batch_sizes.append(len(windows))
+        return generate(windows)
+
+    monkeypatch.setattr(stt, "_generate", counting)
+    together: dict[str, Transcription] = {}
+    barrier = threading.Barrier(len(PHRASES))
+
+    def call(phrase: str) -> None:
+        barrier.wait()
+        together[phrase] = stt.transcribe(voices[phrase])
+
+    threads = [threading.Thread(target=call, args=(p,)) for p in PHRASES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert max(batch_sizes) > 1, batch_sizes
+    for phrase in PHRASES:
+        assert together[phrase].text == alone[phrase].text
+        assert together[phrase].avg_logprob == pytest.approx(alone[phrase].avg_logprob, abs=1e-3)
+
+
 def test_silence_and_noise_give_empty_text(stt: WhisperStt) -> None:
     rng = np.random.default_rng(0)
     noise = (rng.normal(0.0, 0.01, 16000 * 2) * 32767).astype(np.int16)

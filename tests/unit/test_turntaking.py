@@ -63,6 +63,9 @@ class Control:
         else:
             self.log.append("paused")
 
+    def speech_resumed(self, turn_id: str, revision: int) -> None:
+        self.log.append("resumed")
+
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None:
         self.log.append(f"reopen {turn_id} {base}->{candidate}")
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from parley.bench import percentiles, progress
-from parley.config import Settings, load_settings
+from parley.config import Settings
 from parley.engines.llm import LlmEngine, Message
 from parley.pipeline.segmenter import ReplySegmenter, ends_sentence
+from parley.settings_sources import load_settings
 
 NAME = "answers"
 HELP = "everyday and factual questions: right answers out of the set, and time to the first piece"
@@ -166,7 +167,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _settings(flags: list[str]) -> Settings:
-    from parley.config import add_arguments as add_setting_arguments
+    from parley.settings_sources import add_arguments as add_setting_arguments
 
     parser = argparse.ArgumentParser()
     add_setting_arguments(parser)

@@ -264,15 +264,26 @@ class WhisperStt:
                 return
             batch = [first]
             stop = False
+            others: list[tuple[int, int, _Window | None]] = []
             while len(batch) < self._max_batch:
                 try:
-                    _, _, item = self._queue.get_nowait()
+                    entry = self._queue.get_nowait()
                 except queue.Empty:
                     break
+                item = entry[2]
                 if item is None:
                     stop = True
                     break
-                batch.append(item)
+                # Only windows of the same length go together: padding one to another's length changes
+                # what the encoder sees, and so what it hears. Utterances under 11 s all have 12 s of
+                # context (1200 frames), so a batch is the common case; the same audio gives the same
+                # transcript alone or batched.
+                if item.features.shape == first.features.shape:
+                    batch.append(item)
+                else:
+                    others.append(entry)
+            for entry in others:
+                self._queue.put(entry)
             batch = [w for w in batch if w.future.set_running_or_notify_cancel()]
             if batch:
                 try:

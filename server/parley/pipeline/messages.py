@@ -110,6 +110,9 @@ class EarlyUtterance:
     audio: np.ndarray
     speech_end: float  # the same reading the turn's Utterance will carry if no speech follows
     heard: Transcription | None = None  # already transcribed (by the backchannel check): reuse it
+    # The speculative reply started at this pause (pipeline/speculation.py): its transcript goes on to
+    # the LLM at once. None: only transcribed ahead, for the Utterance that may follow.
+    draft: Response | None = None
 
 
 @dataclass(frozen=True)

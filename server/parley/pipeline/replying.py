@@ -54,6 +54,11 @@ class ReplyContext(StageContext, Protocol):
 
     def variables(self) -> dict[str, str]: ...
 
+    def wait_turn_ended(self, tag: Tag) -> bool:
+        """Blocks while `tag` is a speculative reply whose turn is still being spoken; False when it was
+        cancelled instead of adopted."""
+        ...
+
 
 class LlmStage(Stage[Transcript]):
     stage_name = "llm"
@@ -100,6 +105,10 @@ class LlmStage(Stage[Transcript]):
         finally:
             self.outbox.put(ReplyText(response, "", final=True))
 
+    def recover(self, item: Transcript) -> None:
+        if not self.ctx.is_stale(item.response.tag):
+            self.ctx.apologise()  # the model failed on a turn the caller still waits on
+
     # tools
 
     def run_tools(self, response: Response, calls: list[ToolCall]) -> bool:
@@ -129,8 +138,13 @@ class LlmStage(Stage[Transcript]):
         return True
 
     def _turn_final(self, tag: Tag) -> bool:
-        """Waits until the turn's revision can no longer be reopened; True if it is still the newest."""
+        """Waits until the turn's revision can no longer be reopened; True if it is still the newest.
+
+        A speculative reply first waits for its turn to end at all: until then the caller may go on.
+        """
         assert tag.turn_id is not None and tag.revision is not None
+        if not self.reply_ctx.wait_turn_ended(tag):
+            return False
         latest = self.reply_ctx.tracker.is_latest_after_reopen_grace(tag.turn_id, tag.revision)
         return latest and not self.ctx.is_stale(tag)
 

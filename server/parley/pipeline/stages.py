@@ -61,6 +61,14 @@ class StageContext(Protocol):
     def is_stale(self, tag: Tag) -> bool: ...
     def emit(self, payload: dict[str, Any]) -> None: ...
     def reply_abandoned(self, response: Response) -> None: ...
+    def emit_for_reply(self, response: Response, payload: dict[str, Any]) -> None:
+        """An event about `response`'s turn: held back while it is a speculative reply whose turn has not
+        ended (pipeline/speculation.py), so a caller never sees the transcript of half a turn."""
+        ...
+
+    def apologise(self) -> None:
+        """A model failed on the caller's turn: tell the caller (or end the call after too many)."""
+        ...
 
 
 class Stage(threading.Thread, Generic[Item]):
@@ -154,7 +162,8 @@ class VadStage(Stage[VadItem]):
 
 class SttStage(Stage[Utterance | EarlyUtterance]):
     """Transcribes turns. At a short pause it transcribes the turn so far; if the turn then ends with no
-    more speech, that transcript is used and the end of the turn no longer waits for Whisper."""
+    more speech, that transcript is used and the end of the turn no longer waits for Whisper. When the
+    pause started a speculative reply, its transcript goes on to the LLM at once."""
 
     stage_name = "stt"
     engine_name = "stt"
@@ -173,11 +182,7 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
 
     def handle(self, item: Utterance | EarlyUtterance) -> None:
         if isinstance(item, EarlyUtterance):
-            if item.heard is not None:
-                self._early = (item, item.heard)
-            # Only the newest pause matters: an utterance or a later pause queued behind this one wins.
-            elif not self.inbox.any(lambda queued: isinstance(queued, Utterance | EarlyUtterance)):
-                self._early = (item, self.stt.transcribe(item.audio))
+            self._transcribe_ahead(item)
             return
         response = item.response
         if self.ctx.is_stale(response.tag):
@@ -187,6 +192,25 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
         response.mark("stt_start")
         result = self._transcript_ahead(item) or self.stt.transcribe(item.audio)
         self._early = None
+        self._answer(response, result)
+
+    def _transcribe_ahead(self, item: EarlyUtterance) -> None:
+        draft = item.draft
+        if draft is not None and self.ctx.is_stale(draft.tag):
+            return  # the caller went on: the speculative reply was cancelled while it waited here
+        if item.heard is not None:
+            result = item.heard
+        elif draft is None and self.inbox.any(lambda queued: isinstance(queued, Utterance | EarlyUtterance)):
+            return  # only the newest pause matters: an utterance or a later pause queued behind this wins
+        else:
+            if draft is not None:
+                draft.mark("stt_start")
+            result = self.stt.transcribe(item.audio)
+        self._early = (item, result)
+        if draft is not None:
+            self._answer(draft, result)
+
+    def _answer(self, response: Response, result: Transcription) -> None:
         response.mark("transcript")
         response.stt_s = result.seconds
         metrics.STAGE_LATENCY.labels(stage="stt").observe(result.seconds)
@@ -208,8 +232,14 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
         if not result.text:
             self.ctx.reply_abandoned(response)
             return
-        self.ctx.emit(
-            {"type": "user_transcript", "turn_id": tag.turn_id, "revision": tag.revision, "text": result.text}
+        self.ctx.emit_for_reply(
+            response,
+            {
+                "type": "user_transcript",
+                "turn_id": tag.turn_id,
+                "revision": tag.revision,
+                "text": result.text,
+            },
         )
         self.outbox.put(Transcript(response, result.text))
 
@@ -226,8 +256,12 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
         return result if same_speech else None
 
     def recover(self, item: Utterance | EarlyUtterance) -> None:
+        if isinstance(item, EarlyUtterance) and item.draft is not None:
+            item.draft.mark("stt_failed")  # not adopted: the end of the turn transcribes it again
         if isinstance(item, Utterance):
             self.ctx.reply_abandoned(item.response)
+            if not self.ctx.is_stale(item.response.tag):
+                self.ctx.apologise()
 
     def _keep_audio(self, item: Utterance) -> None:
         tag = item.response.tag

@@ -30,6 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from parley import metrics
+from parley.audio import PIPELINE_RATE
 from parley.config import Settings
 from parley.engines.stt import Transcription
 from parley.pipeline.messages import BargeVerdict
@@ -56,6 +57,10 @@ class TurnControl(Protocol):
         speech_end: float,
         heard: Transcription | None = None,
     ) -> None: ...
+    def speech_resumed(self, turn_id: str, revision: int) -> None:
+        """Speech came back after `speech_paused`, before the turn ended: what the pause started is moot."""
+        ...
+
     def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None: ...
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None: ...
     def check_backchannel(self, request: int, audio: np.ndarray, speech_ms: float) -> None:
@@ -123,6 +128,7 @@ class TurnTaker:
         self._closed: _ClosedTurn | None = None
         self._candidate: int | None = None
         self._early_sent_for = 0.0
+        self._paused = False  # speech_paused was said for the current pause, speech_resumed not yet
         self._early_after_ms = float(settings.early_stt_ms)
         self._checks: list[_Check] = []  # this barge-in candidate's backchannel checks, oldest first
         self._requests = itertools.count(1)
@@ -230,8 +236,15 @@ class TurnTaker:
         seg = self._segment
         self._turn_audio.extend(seg.audio)
         seg.audio = []
-        if seg.silence_ms >= self.settings.end_of_turn_ms or seg.total_ms >= self.settings.max_turn_s * 1000:
+        if self._turn_samples() >= self.settings.max_turn_s * PIPELINE_RATE:
+            # Capped: closed for good. Were it reopenable, speech going on would reopen it as a revision
+            # holding all of it, transcribed again each time: work that grows without end.
+            self._close_turn(seg.last_speech_at, reopenable=False)
+        elif seg.silence_ms >= self.settings.end_of_turn_ms:
             self._close_turn(seg.last_speech_at)
+        elif self._paused and self._early_sent_for != seg.last_speech_at and self._turn is not None:
+            self._paused = False
+            self.control.speech_resumed(*self._turn)
         elif (
             0 < self._early_after_ms <= seg.silence_ms
             and self._early_sent_for != seg.last_speech_at
@@ -242,6 +255,7 @@ class TurnTaker:
                 # so a speaker with many short pauses costs a few extra transcriptions, not one per pause.
                 self._early_after_ms = min(2 * self._early_after_ms, self.settings.end_of_turn_ms)
             self._early_sent_for = seg.last_speech_at
+            self._paused = True
             turn_id, revision = self._turn
             self.control.speech_paused(
                 turn_id, revision, np.concatenate(self._turn_audio), seg.last_speech_at
@@ -327,6 +341,7 @@ class TurnTaker:
             # The check already transcribed this speech: the turn uses that transcript if it ends here.
             turn_id, revision = self._turn
             self._early_sent_for = seg.last_speech_at
+            self._paused = True
             audio = np.concatenate(self._turn_audio)
             self.control.speech_paused(turn_id, revision, audio, seg.last_speech_at, heard)
         self._decide_speaking()
@@ -336,19 +351,26 @@ class TurnTaker:
         self._turn = (turn_id, revision)
         self._turn_audio = list(audio)
         self._early_sent_for = 0.0
+        self._paused = False
         self._early_after_ms = float(self.settings.early_stt_ms)
         self._segment.audio = []
         self.mode = Mode.SPEAKING
         if revision == 0:
             self.control.user_started_speaking()
 
-    def _close_turn(self, speech_end: float) -> None:
+    def _turn_samples(self) -> int:
+        return sum(part.size for part in self._turn_audio)
+
+    def _close_turn(self, speech_end: float, *, reopenable: bool = True) -> None:
         assert self._turn is not None
         turn_id, revision = self._turn
         audio = np.concatenate(self._turn_audio) if self._turn_audio else np.zeros(0, dtype=np.int16)
+        # The grace first: once the turn has ended, a reply started ahead of it (pipeline/speculation.py)
+        # may play the moment the Outbound's gate is asked, and the gate must already see the grace.
+        if reopenable:
+            self.tracker.start_reopen_grace(turn_id, revision, self.settings.reopen_grace_ms / 1000)
         self.control.turn_ended(turn_id, revision, audio, speech_end)
-        self.tracker.start_reopen_grace(turn_id, revision, self.settings.reopen_grace_ms / 1000)
-        self._closed = _ClosedTurn(turn_id, revision, audio)
+        self._closed = _ClosedTurn(turn_id, revision, audio) if reopenable else None
         self._turn = None
         self._turn_audio = []
         self._to_idle()
@@ -358,6 +380,13 @@ class TurnTaker:
         self._segment = _Segment()
         self._preroll.clear()
         self._checks = []
+
+    def forget_audio(self) -> None:
+        """Drop every buffer of caller audio (the call has ended)."""
+        self._to_idle()
+        self._turn = None
+        self._turn_audio = []
+        self._closed = None
 
     @property
     def in_turn(self) -> bool:
