@@ -128,3 +128,78 @@ def loud(ms: float, rate: int = 16000) -> np.ndarray:
 
 def quiet(ms: float, rate: int = 16000) -> np.ndarray:
     return np.zeros(int(rate * ms / 1000), dtype=np.int16)
+
+
+class Fault:
+    """How an engine double misbehaves, and on which of its calls (counted from 1): "raise" an error, or
+    "hang" until `release()` (a model that never returns). Shared by the faulty doubles below."""
+
+    def __init__(self, how: str = "raise", when: Callable[[int], bool] = lambda n: True) -> None:
+        assert how in ("raise", "hang")
+        self.how = how
+        self.when = when
+        self.calls = 0
+        self.struck = 0
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+
+    def strike(self, engine: str) -> None:
+        """Called by a double as its work begins: raises, hangs, or lets the work go on."""
+        with self._lock:
+            self.calls += 1
+            if not self.when(self.calls):
+                return
+            self.struck += 1
+        if self.how == "raise":
+            raise RuntimeError(f"{engine} failed (injected)")
+        self._released.wait()
+
+    def release(self) -> None:
+        self._released.set()
+
+
+class FaultyStt(ScriptedStt):
+    def __init__(self, fault: Fault, **options: Any) -> None:
+        super().__init__(**options)
+        self.fault = fault
+
+    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
+        self.fault.strike("stt")
+        return super().transcribe(audio, urgent=urgent)
+
+
+class FaultyLlm(ScriptedLlm):
+    def __init__(self, fault: Fault, **options: Any) -> None:
+        super().__init__(**options)
+        self.fault = fault
+
+    def stream(
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Iterator[str | ToolCall]:
+        self.fault.strike("llm")
+        yield from super().stream(messages, should_stop, tools)
+
+
+class FaultyTts(ToneTts):
+    def __init__(self, fault: Fault, **options: Any) -> None:
+        super().__init__(**options)
+        self.fault = fault
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]:
+        self.fault.strike("tts")
+        yield from super().synthesize(text)
+
+
+class CountingTts(ToneTts):
+    """A ToneTts that remembers what it was asked to say."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.said: list[str] = []
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]:
+        self.said.append(text)
+        yield from super().synthesize(text)

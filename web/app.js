@@ -3,7 +3,7 @@
 // offer/answer), meters.js (Web Audio level meters), transcript.js (chat bubbles).
 
 import { RAW_MIC, openMic, stopStream } from "./media.js";
-import { CallError, createPeer, deleteCall, iceGatheringDone, postOffer } from "./signaling.js";
+import { CallError, createPeer, deleteCall, iceGatheringDone, iceServers, postOffer } from "./signaling.js";
 import { attachMeter, detachAllMeters, prepareAudio, setHalo } from "./meters.js";
 import { Transcript } from "./transcript.js";
 import { showRecentCalls } from "./history.js";
@@ -171,8 +171,11 @@ async function startCall() {
     session.stream = await openMic();
     if (!current()) return stopStream(session.stream); // cancelled while the permission prompt was up
     attachMeter(ui.micMeter, session.stream);
+    const servers = await iceServers();
+    if (!current()) return stopStream(session.stream);
     session.pc = createPeer({
       stream: session.stream,
+      iceServers: servers,
       onMessage: (data) => current() && onServerMessage(data),
       onTrack: (stream) => current() && attachRemoteAudio(stream),
       onStateChange: (state) => current() && watchConnection(session, state),

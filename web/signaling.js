@@ -35,11 +35,27 @@ function iceServersFromUrl() {
 }
 
 /**
- * A peer connection sending `stream`, with the "events" data channel.
- * @param {{stream: MediaStream, onMessage: Function, onTrack: Function, onStateChange: Function}} handlers
+ * The ICE servers for a call: the server's (GET /api/ice: STUN, and TURN with credentials that expire),
+ * then any the URL names. Fetched right before each call, so the TURN credentials are fresh.
  */
-export function createPeer({ stream, onMessage, onTrack, onStateChange }) {
-  const pc = new RTCPeerConnection({ iceServers: iceServersFromUrl() });
+export async function iceServers() {
+  let fromServer = [];
+  try {
+    const res = await fetch("/api/ice", { headers: authHeaders(), cache: "no-store" });
+    if (res.ok) fromServer = (await res.json()).iceServers || [];
+  } catch {
+    // unreachable or an older server: the URL's servers (if any) are all there is
+  }
+  return [...fromServer, ...iceServersFromUrl()];
+}
+
+/**
+ * A peer connection sending `stream`, with the "events" data channel.
+ * @param {{stream: MediaStream, iceServers: RTCIceServer[], onMessage: Function, onTrack: Function,
+ *   onStateChange: Function}} handlers
+ */
+export function createPeer({ stream, iceServers, onMessage, onTrack, onStateChange }) {
+  const pc = new RTCPeerConnection({ iceServers });
   stream.getTracks().forEach((track) => pc.addTrack(track, stream));
   // Created before the offer so the SDP carries the data-channel section the server answers to.
   const channel = pc.createDataChannel("events");

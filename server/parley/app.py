@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -13,15 +14,18 @@ from typing import Any
 from aiohttp import web
 
 from parley import metrics
+from parley.access import Access, AccessDenied, CallGrant
 from parley.agent.templates import ContextError, checked_context
 from parley.call import Call
 from parley.config import Settings
 from parley.engines import Engines
+from parley.limits import BadJson, LimitExceeded, SdpLimits, check_offer_size, parse_json
+from parley.ratelimit import forwarded_source, networks
 from parley.records import BadCursor, DatabaseError
 from parley.registry import CallRegistry
 from parley.runtime import CallRefused, Runtime, UnknownAgent
 from parley.transports.base import HangUp, open_call
-from parley.transports.media_stream import add_carrier_routes
+from parley.transports.carrier_webhooks import add_carrier_routes
 from parley.transports.sip.uac import DialError, dial
 from parley.transports.sip.useragent import SipUserAgent
 from parley.transports.webrtc import (
@@ -39,6 +43,9 @@ SETTINGS = web.AppKey("settings", Settings)
 RUNTIME = web.AppKey("runtime", Runtime)
 REGISTRY = web.AppKey("registry", CallRegistry)
 SIP = web.AppKey("sip", SipUserAgent)
+ACCESS = web.AppKey("access", Access)
+TRUSTED_PROXIES = web.AppKey("trusted_proxies", list)
+UNAUTHORISED = {"WWW-Authenticate": 'Bearer realm="parley"'}
 EVENT_STREAM_BACKLOG = 500
 EVENT_STREAM_KEEPALIVE_S = 15.0
 _ASSET_TYPES = {
@@ -75,22 +82,43 @@ class ApiError(Exception):
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every failure leaves as JSON `{"error": ...}` with its status; nothing escapes as a bare 500."""
     try:
-        return await handler(request)
+        response = await handler(request)
     except ApiError as exc:
-        return json_error(exc.status, exc.message, exc.headers)
+        response = json_error(exc.status, exc.message, exc.headers)
+    except AccessDenied as exc:
+        response = json_error(401, str(exc), UNAUTHORISED)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return json_error(exc.status, exc.reason)
+        response = json_error(exc.status, exc.reason)
     except Exception:
         log.exception("request_failed", extra={"path": request.path})
-        return json_error(500, "internal error")
+        response = json_error(500, "internal error")
+    if response.status >= 400:
+        reason = metrics.HTTP_ERROR_REASONS.get(response.status, "other")
+        metrics.HTTP_ERRORS_TOTAL.labels(reason=reason).inc()
+    return response
 
 
 def _authorise(request: web.Request) -> None:
-    token = request.app[SETTINGS].token
-    if token and request.headers.get("Authorization", "") != f"Bearer {token}":
-        raise ApiError(401, "missing or wrong bearer token")
+    """The API: the bearer token when one is set (AccessDenied: 401)."""
+    request.app[ACCESS].check_bearer(request.headers.get("Authorization", ""))
+
+
+def _may_call(request: web.Request, *, claim: bool = False) -> CallGrant:
+    """Call set-up (and TURN credentials): the bearer token or a call token (AccessDenied: 401)."""
+    return request.app[ACCESS].check_caller(
+        request.headers.get("Authorization", ""), time.time(), claim=claim
+    )
+
+
+def _count_setup(request: web.Request) -> None:
+    """Count a call set-up against its source's rate, before anything else is spent on it."""
+    source = forwarded_source(request.remote or "", request.headers, request.app[TRUSTED_PROXIES])
+    try:
+        request.app[RUNTIME].check_source("webrtc", source)
+    except CallRefused as exc:
+        raise ApiError(429, exc.message, {"Retry-After": str(exc.retry_after_s)}) from exc
 
 
 def refusal(exc: CallRefused) -> ApiError:
@@ -100,12 +128,35 @@ def refusal(exc: CallRefused) -> ApiError:
 async def _start_webrtc_call(
     request: web.Request, offer_sdp: str, agent_name: object = None, context: object = None
 ) -> tuple[Call, str]:
+    access = request.app[ACCESS]
+    grant = _may_call(request, claim=True)
+    try:
+        call, peer = await _answer_offer(request, grant, offer_sdp, agent_name, context)
+    except BaseException:
+        access.unclaim(grant)  # no call was opened with it
+        raise
+    access.opened(grant, call.call_id)
+    if peer.connected:  # connected before the greeting could wait for it
+        call.greet()
+    return call, peer.answer_sdp
+
+
+async def _answer_offer(
+    request: web.Request, grant: CallGrant, offer_sdp: str, agent_name: object, context: object
+) -> tuple[Call, WebRtcPeer]:
     runtime = request.app[RUNTIME]
     if agent_name is not None and not isinstance(agent_name, str):
         raise ApiError(400, '"agent" must be a string')
+    if grant.agent is not None:
+        if agent_name not in (None, grant.agent):
+            raise ApiError(403, "this call token is for another agent")
+        agent_name = grant.agent
     try:
+        check_offer_size(offer_sdp, SdpLimits.of(runtime.settings))
         agent = runtime.agent(agent_name)
         variables = checked_context(context)
+    except LimitExceeded as exc:
+        raise ApiError(exc.status, str(exc)) from exc
     except UnknownAgent as exc:
         raise ApiError(404, str(exc)) from exc
     except ContextError as exc:
@@ -117,12 +168,12 @@ async def _start_webrtc_call(
         return await answer(call, hang_up)
 
     try:
-        call, peer = await open_call(runtime, "webrtc", WEBRTC_RATE, connect, agent=agent)
+        return await open_call(runtime, "webrtc", WEBRTC_RATE, connect, agent=agent, greet=False)
     except CallRefused as exc:
         raise refusal(exc) from exc
     except SignalingError as exc:
+        metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="webrtc", reason="bad_offer").inc()
         raise ApiError(400, str(exc)) from exc
-    return call, peer.answer_sdp
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -133,12 +184,17 @@ async def _read_body(request: web.Request) -> bytes:
 
 
 async def offer(request: web.Request) -> web.Response:
-    _authorise(request)
+    _count_setup(request)
+    _may_call(request)
+    # A form posted from another site (text/plain, form types) is sent without a CORS preflight;
+    # application/json needs one, which this service never grants.
+    if request.content_type != "application/json":
+        raise ApiError(415, "offers are application/json")
     body = await _read_body(request)
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "the body must be JSON") from exc
+        data = parse_json(body)
+    except BadJson as exc:
+        raise ApiError(400, str(exc)) from exc
     if not isinstance(data, dict) or not isinstance(data.get("sdp"), str):
         raise ApiError(400, 'expected {"sdp": "...", "type": "offer"}')
     if data.get("type") != "offer":
@@ -148,7 +204,8 @@ async def offer(request: web.Request) -> web.Response:
 
 
 async def whip_post(request: web.Request) -> web.Response:
-    _authorise(request)
+    _count_setup(request)
+    _may_call(request)
     if request.content_type != "application/sdp":
         raise ApiError(415, "WHIP offers are application/sdp")
     body = await _read_body(request)
@@ -164,11 +221,25 @@ async def whip_post(request: web.Request) -> web.Response:
 
 async def end_call(request: web.Request) -> web.Response:
     """Hang up any call, whatever its transport (a SIP call gets its BYE)."""
-    return await whip_delete(request)
+    _authorise(request)
+    return await _hang_up(request)
 
 
 async def whip_delete(request: web.Request) -> web.Response:
-    _authorise(request)
+    """Hang up: with the bearer token, or the call token that opened this call (the page's hang-up)."""
+    access = request.app[ACCESS]
+    access.check_hang_up(request.headers.get("Authorization", ""), request.match_info["call_id"], time.time())
+    return await _hang_up(request)
+
+
+async def ice(request: web.Request) -> web.Response:
+    """The page's ICE servers: STUN, and TURN with credentials that expire (coturn's REST API)."""
+    _may_call(request)
+    servers = request.app[ACCESS].ice_servers(time.time())
+    return web.json_response(servers, headers={"Cache-Control": "no-store"})
+
+
+async def _hang_up(request: web.Request) -> web.Response:
     call_id = request.match_info["call_id"]
     if not await request.app[REGISTRY].end(call_id, "hangup"):
         raise ApiError(404, f"no active call {call_id}")
@@ -271,9 +342,9 @@ async def dial_sip(request: web.Request) -> web.Response:
     if ua is None:
         raise ApiError(409, "SIP is off (--sip off)")
     try:
-        data = json.loads(await _read_body(request))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "the body must be JSON") from exc
+        data = parse_json(await _read_body(request))
+    except BadJson as exc:
+        raise ApiError(400, str(exc)) from exc
     if not isinstance(data, dict) or not isinstance(data.get("to"), str):
         raise ApiError(400, 'expected {"to": "sip:user@host:port"}')
     try:
@@ -328,6 +399,8 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
     app[SETTINGS] = settings
     app[RUNTIME] = runtime
     app[REGISTRY] = runtime.registry
+    app[ACCESS] = Access(settings)
+    app[TRUSTED_PROXIES] = networks(settings.trusted_proxies)
     if settings.sip != "off":
         app[SIP] = SipUserAgent(runtime)
     configure_ice(settings.ice_addresses)
@@ -347,6 +420,7 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_post("/api/drain", drain)
+    app.router.add_get("/api/ice", ice)
     app.router.add_get("/metrics", prometheus)
     app.router.add_get(r"/{name:[A-Za-z0-9_-]+\.(?:js|css|svg|png|ico|html)}", static)
     add_carrier_routes(app, runtime)

@@ -8,8 +8,9 @@ import sys
 from collections.abc import Sequence
 
 from parley import __version__
-from parley.config import SettingsError, add_arguments, load_settings
+from parley.config import SettingsError
 from parley.log import setup_logging
+from parley.settings_sources import add_arguments, load_settings
 
 log = logging.getLogger("parley")
 
@@ -44,6 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--wait-s", type=float, default=3500.0, help="wait at most this long (default 3500)")
     drain.set_defaults(run=_drain)
 
+    token = commands.add_parser(
+        "token",
+        help="print a short-lived call token for one caller's page",
+        description=(
+            "Print a call token signed with the call-token secret (PARLEY_CALL_TOKEN_SECRET or "
+            "--call-token-secret-file), valid --call-token-ttl-s seconds, good for one call. A page "
+            "opened as /?token=TOKEN places its call with it; the service's bearer token stays secret."
+        ),
+    )
+    add_arguments(token)
+    token.add_argument("--for-agent", default=None, help="the only agent the call may ask for")
+    token.set_defaults(run=_token)
+
     from parley.bench import add_bench_parser
 
     add_bench_parser(commands)
@@ -69,6 +83,20 @@ def _prepare(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     setup_logging(settings.log_level)
     prepare_models(settings)
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from parley.access import CallTokens
+
+    settings = load_settings(args)
+    if not settings.call_token_secret:
+        print(
+            "parley: no call-token secret (PARLEY_CALL_TOKEN_SECRET or --call-token-secret-file)",
+            file=sys.stderr,
+        )
+        return 2
+    print(CallTokens(settings.call_token_secret).mint(settings.call_token_ttl_s, agent=args.for_agent))
     return 0
 
 

@@ -1,17 +1,14 @@
 """Settings: one typed object, made in one place (flags > environment > config file > defaults).
 
-Every field is a `parley serve` flag (`--field-name`) and an environment variable (`PARLEY_FIELD_NAME`).
-No other module reads the environment.
+Every field is a `parley serve` flag (`--field-name`) and an environment variable (`PARLEY_FIELD_NAME`);
+settings_sources.py reads them. No other module reads the environment.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import tomllib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +202,12 @@ class Settings:
     llm_api_key: str = field(default="", metadata=_opt("API key for --llm-url", "engines"))
     llm_endpoint_model: str = field(default="", metadata=_opt("model name sent to --llm-url", "engines"))
     llm_workers: int = field(default=2, metadata=_opt("replies generated in parallel", "engines"))
+    llm_max_batch: int = field(
+        default=8,
+        metadata=_opt(
+            "replies of different calls decoded together by a worker (1: one at a time)", "engines"
+        ),
+    )
     llm_max_tokens: int = field(default=80, metadata=_opt("longest reply, in tokens", "engines"))
     llm_temperature: float = field(default=0.0, metadata=_opt("0 = greedy", "engines"))
     tts_voice: str = field(
@@ -259,6 +262,12 @@ class Settings:
         default=32,
         metadata=_opt(
             "silence after which the turn so far is transcribed ahead of its end (0: off)", "turns"
+        ),
+    )
+    speculative_replies: bool = field(
+        default=True,
+        metadata=_opt(
+            "at that silence, also start the reply (LLM, TTS), held until the turn has ended", "turns"
         ),
     )
     reopen_grace_ms: int = field(
@@ -321,6 +330,97 @@ class Settings:
         default=30.0,
         metadata=_opt("call records older than this are deleted (0: kept forever)", "operations"),
     )
+    # access and limits
+    call_token_secret: str = field(
+        default="",
+        metadata=_opt(
+            "signs short-lived call tokens (`parley token`) that a page may present instead of --token "
+            "('' = none); from PARLEY_CALL_TOKEN_SECRET or --call-token-secret-file",
+            "access",
+        ),
+    )
+    call_token_ttl_s: float = field(
+        default=300.0, metadata=_opt("how long a call token from `parley token` is valid", "access")
+    )
+    turn_urls: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt("TURN URLs the page gets time-limited credentials for (GET /api/ice)", "access"),
+    )
+    turn_secret: str = field(
+        default="",
+        metadata=_opt(
+            "coturn's static-auth-secret (use-auth-secret), to mint TURN credentials for the page", "access"
+        ),
+    )
+    turn_ttl_s: float = field(
+        default=3600.0, metadata=_opt("TURN credentials handed to the page are valid this long", "access")
+    )
+    trusted_proxies: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "addresses or CIDR networks of proxies whose X-Forwarded-For names the caller", "access"
+        ),
+    )
+    setup_rate: float = field(
+        default=1.0,
+        metadata=_opt(
+            "call set-ups per second per source address (offers, SIP INVITEs, carrier streams; 0: no limit)",
+            "limits",
+        ),
+    )
+    setup_burst: int = field(
+        default=20, metadata=_opt("call set-ups a source may make at once before --setup-rate", "limits")
+    )
+    rate_limit_exempt: tuple[str, ...] = field(
+        # Loopback is this host: its own proxy, PBX or tools (a proxy in front should be named in
+        # --trusted-proxies, so that the callers behind it are counted one by one).
+        default=("127.0.0.0/8", "::1"),
+        metadata=_opt(
+            "addresses or CIDR networks the set-up rate limit spares (a carrier; --sip-allow trunks are "
+            "spared too)",
+            "limits",
+        ),
+    )
+    max_sdp_bytes: int = field(default=16384, metadata=_opt("largest SDP offer accepted (bytes)", "limits"))
+    max_m_lines: int = field(
+        default=4, metadata=_opt("media sections (m= lines) an offer may have", "limits")
+    )
+    max_ice_candidates: int = field(default=64, metadata=_opt("ICE candidates an offer may carry", "limits"))
+    max_dc_message_bytes: int = field(
+        default=4096, metadata=_opt("largest data-channel message taken from the page (bytes)", "limits")
+    )
+    max_dc_messages_per_s: float = field(
+        default=20.0, metadata=_opt("data-channel messages per second taken from the page", "limits")
+    )
+    connect_timeout_s: float = field(
+        default=15.0, metadata=_opt("a WebRTC call whose media does not connect within this ends", "limits")
+    )
+    media_timeout_s: float = field(
+        default=20.0,
+        metadata=_opt("a WebRTC caller that sends no audio for this long has vanished (0: never)", "limits"),
+    )
+    max_call_s: float = field(default=3600.0, metadata=_opt("longest call (0: no limit)", "limits"))
+    max_silence_s: float = field(
+        default=120.0,
+        metadata=_opt("a call in which nobody speaks for this long ends (0: never)", "limits"),
+    )
+    engine_timeout_s: float = field(
+        default=20.0,
+        metadata=_opt(
+            "a model that gives nothing for this long (a transcript, the next token or audio) has failed "
+            "(0: wait forever)",
+            "limits",
+        ),
+    )
+    apology: str = field(
+        default="Sorry, I missed that. Could you say it again?",
+        metadata=_opt(
+            "what the agent says when a model failed on the caller's turn ('' for nothing)", "limits"
+        ),
+    )
+    max_engine_failures: int = field(
+        default=3, metadata=_opt("a call whose turns failed this often ends (0: never)", "limits")
+    )
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
@@ -331,141 +431,6 @@ class Settings:
 
 class SettingsError(ValueError):
     pass
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _convert(name: str, kind: Any, raw: Any) -> Any:
-    """Turn a raw value (string from a flag or the environment, or a TOML value) into the field's type."""
-    try:
-        if kind in ("tuple[str, ...]",):
-            # A comma list, or (a repeated flag, a TOML array) several values, each maybe a comma list.
-            values = [raw] if isinstance(raw, str) else [str(part) for part in raw]
-            return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-        if kind == "str":
-            return str(raw)
-        if kind == "bool":
-            return _boolean(raw)
-    except (TypeError, ValueError) as exc:
-        raise SettingsError(f"{name}: {raw!r} is not a valid {kind}") from exc
-    raise SettingsError(f"{name}: unsupported setting type {kind}")
-
-
-def _boolean(raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(raw)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per setting. Defaults stay None so that the environment and the file can fill them."""
-    parser.add_argument(
-        "--config", help="TOML or JSON settings file (keys as in the flags, with underscores)"
-    )
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in fields(Settings):
-        group_name = f.metadata.get("group", "service")
-        group = groups.get(group_name) or parser.add_argument_group(group_name)
-        groups[group_name] = group
-        default = f.default
-        shown = ",".join(default) if isinstance(default, tuple) else default
-        env = ENV_PREFIX + f.name.upper()
-        if str(f.type) == "bool":  # `--flag` alone means on; `--flag off` turns a default on off
-            shown = "on" if default else "off"
-            group.add_argument(
-                _flag(f.name), dest=f.name, default=None, nargs="?", const="on", metavar="on|off",
-                help=f"{f.metadata.get('help', '')} [env {env}; default {shown!r}]",
-            )  # fmt: skip
-            continue
-        group.add_argument(
-            _flag(f.name),
-            dest=f.name,
-            default=None,
-            action="append" if str(f.type) == "tuple[str, ...]" else "store",  # lists: repeatable
-            choices=f.metadata.get("choices"),
-            help=f"{f.metadata.get('help', '')} [env {env}; default {shown!r}]",
-        )
-
-
-def _read_file(path: str) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise SettingsError(f"cannot read config file {path}: {exc}") from exc
-    try:
-        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"config file {path} is not valid: {exc}") from exc
-    if not isinstance(data, dict):
-        raise SettingsError(f"config file {path} must hold a table of settings")
-    return {key.replace("-", "_"): value for key, value in data.items()}
-
-
-def load_settings(
-    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
-) -> Settings:
-    """Build the settings: flags win over the environment, which wins over the config file."""
-    environ = os.environ if environ is None else environ
-    given: dict[str, Any] = {}
-    config_path = getattr(args, "config", None) or environ.get(ENV_PREFIX + "CONFIG")
-    known = {f.name: f for f in fields(Settings)}
-    if config_path:
-        for key, value in _read_file(config_path).items():
-            if key not in known:
-                raise SettingsError(f"config file {config_path}: unknown setting {key!r}")
-            given[key] = value
-    for name in known:
-        for variable in (ENV_ALIASES.get(name), ENV_PREFIX + name.upper()):
-            if variable and environ.get(variable) is not None:
-                given[name] = environ[variable]
-    if args is not None:
-        for name in known:
-            value = getattr(args, name, None)
-            if value is not None:
-                given[name] = value
-    converted = {name: _convert(name, str(known[name].type), value) for name, value in given.items()}
-    settings = Settings(**converted)
-    validate(settings)
-    return settings
-
-
-def validate(settings: Settings) -> None:
-    if not 0 < settings.port < 65536:
-        raise SettingsError(f"port {settings.port} is out of range")
-    if settings.device not in ("auto", "cpu", "cuda"):
-        raise SettingsError(f"device must be auto, cpu or cuda, not {settings.device!r}")
-    if settings.llm_runtime not in ("ctranslate2", "transformers"):
-        raise SettingsError(f"llm_runtime must be ctranslate2 or transformers, not {settings.llm_runtime!r}")
-    if settings.sip != "off":
-        sip_address(settings.sip)
-    rtp_port_range(settings.rtp_ports)
-    if settings.max_calls < 1:
-        raise SettingsError("max_calls must be at least 1")
-    if (
-        settings.database
-        and settings.database != "off"
-        and not settings.database.startswith(DATABASE_SCHEMES)
-    ):
-        raise SettingsError(f"database must be '', 'off' or a postgresql:// URL, not {settings.database!r}")
-    if settings.retention_days < 0:
-        raise SettingsError("retention_days must be 0 (keep forever) or more")
-    if not 0.0 < settings.vad_threshold < 1.0:
-        raise SettingsError("vad_threshold must be between 0 and 1")
-    for name in ("min_speech_ms", "end_of_turn_ms", "blip_silence_ms", "backchannel_max_ms"):
-        if getattr(settings, name) <= 0:
-            raise SettingsError(f"{name} must be positive")
 
 
 def sip_address(value: str) -> tuple[str, int]:

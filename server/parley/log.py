@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -19,6 +20,16 @@ from typing import Any
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
 CALL_ID: contextvars.ContextVar[str] = contextvars.ContextVar("call_id", default="")
 TRANSCRIPT_FIELDS = ("text", "digit", "digits")
+# Credentials inside URLs (https://user:secret@host, postgresql://user:secret@db, turn:user:secret@host):
+# whatever logs a URL or an error that quotes one, the line keeps the URL without them.
+_URL_CREDENTIALS = re.compile(r"\b((?:[a-zA-Z][a-zA-Z0-9+.-]*://)|(?:turns?|stuns?):)[^\s/?#@\"']+@")
+
+
+def redact_credentials(text: str) -> str:
+    """`text` with the user and password of every URL in it replaced by `***`."""
+    return _URL_CREDENTIALS.sub(r"\1***@", text)
+
+
 CALL_THREAD_PREFIX = "c-"  # stage threads are named after their call: "c-1a2b3c4d5e6f:vad"
 
 
@@ -67,7 +78,7 @@ class JsonFormatter(logging.Formatter):
             line[key] = value if isinstance(value, int | float | bool | str | None) else str(value)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
+        return redact_credentials(json.dumps(line, ensure_ascii=False))
 
 
 class KeyValueFormatter(logging.Formatter):
@@ -83,7 +94,7 @@ class KeyValueFormatter(logging.Formatter):
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return redact_credentials(line)
 
 
 def _quote(value: Any) -> str:

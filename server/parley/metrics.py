@@ -67,6 +67,18 @@ COMMITS_TOTAL = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+SPECULATIVE_REPLIES_TOTAL = Counter(
+    "parley_speculative_replies_total",
+    "Replies started at a turn's first pause: used (the turn ended there) or wasted (the caller went on)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+SPECULATION_WASTED_SECONDS = Histogram(
+    "parley_speculation_wasted_seconds",
+    "How long a wasted speculative reply ran before the caller's speech cancelled it",
+    buckets=VOICE_BUCKETS,
+    registry=REGISTRY,
+)
 
 # Barge-in
 BARGE_INS_TOTAL = Counter("parley_barge_ins_total", "Confirmed interruptions of the agent", registry=REGISTRY)
@@ -138,6 +150,30 @@ CALL_THREADS = Gauge(
 )
 CALL_THREADS.set_function(lambda: sum(t.name.startswith("c-") for t in threading.enumerate()))
 MODELS_READY = Gauge("parley_models_ready", "1 once every model is loaded", registry=REGISTRY)
+STAGE_THREADS_STUCK = Gauge(
+    "parley_stage_threads_stuck",
+    "Stage threads of ended calls that did not stop (a model that never returns), until they do",
+    registry=REGISTRY,
+)
+HTTP_ERRORS_TOTAL = Counter(
+    "parley_http_errors_total",
+    "HTTP requests refused, by reason (malformed, unauthorised, too_large, rate_limited, ...: the status)",
+    ["reason"],
+    registry=REGISTRY,
+)
+HTTP_ERROR_REASONS = {
+    400: "malformed",
+    401: "unauthorised",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_type",
+    429: "rate_limited",
+    500: "internal",
+    503: "unavailable",
+}
 RECORD_EVENTS_DROPPED_TOTAL = Counter(
     "parley_record_events_dropped_total",
     "Call-record events not stored (queue_full: the database is too slow; write_failed)",
@@ -148,11 +184,14 @@ RECORD_EVENTS_DROPPED_TOTAL = Counter(
 for _transport in TRANSPORTS:
     CALLS_ACTIVE.labels(transport=_transport)
     CALLS_REFUSED_TOTAL.labels(transport=_transport, reason="capacity")
+    CALLS_REFUSED_TOTAL.labels(transport=_transport, reason="rate_limited")
     CALLS_TOTAL.labels(transport=_transport, outcome="hangup")
 for _outcome in ("confirmed", "cancelled", "timeout"):
     REOPEN_CANDIDATES_TOTAL.labels(outcome=_outcome)
 for _outcome in ("committed", "superseded", "interrupted"):
     COMMITS_TOTAL.labels(outcome=_outcome)
+for _outcome in ("used", "wasted"):
+    SPECULATIVE_REPLIES_TOTAL.labels(outcome=_outcome)
 for _stage in STAGES:
     STAGE_LATENCY.labels(stage=_stage)
 for _queue in QUEUES:

@@ -6,16 +6,21 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import sys
+import threading
+import traceback
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 from parley.call import Call
+from parley.log import event
 
 log = logging.getLogger(__name__)
 
 KEEP_ENDED = 200  # ended calls stay visible in /api/calls/<id> for a while
+JOIN_TIMEOUT_S = 5.0  # stage threads check their queues at least every 0.1 s; past this one is stuck
 
 Closer = Callable[[], Awaitable[None]]
 
@@ -46,6 +51,7 @@ class CallRegistry:
         self._setting_up: dict[str, Call] = {}
         self.closing = False  # set by end_all: no call is admitted any more
         self.observers: list[CallObserver] = []  # call records, call events
+        self.stuck: list[tuple[str, threading.Thread]] = []  # stage threads that did not stop with their call
 
     @staticmethod
     def new_call_id() -> str:
@@ -116,9 +122,41 @@ class CallRegistry:
             await entry.close_transport()
         except Exception:
             log.exception("transport_close_failed", extra={"call_id": call.call_id})
-        await asyncio.to_thread(call.join)
+        joined = await asyncio.to_thread(call.join, JOIN_TIMEOUT_S)
         self._active.pop(call.call_id, None)
         self.remember_ended(call)
+        if not joined:
+            self._note_stuck(call)
+        # Kept for /api/calls/<id> a while, the call must not keep its peer connection, audio and stage
+        # state alive with it.
+        call.release()
+
+    def _note_stuck(self, call: Call) -> None:
+        """A stage thread did not stop within the call's join (a model that never returns, a bug): Python
+        cannot kill a thread, so its line is freed anyway, the thread is counted
+        (`parley_stage_threads_stuck`) and logged with where it is stuck, and followed until it ends."""
+        frames = sys._current_frames()
+        for thread in call.stuck_threads():
+            self.stuck.append((call.call_id, thread))
+            frame = frames.get(thread.ident or 0)
+            where = " < ".join(
+                f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
+                for f in reversed(traceback.extract_stack(frame, limit=6) if frame is not None else [])
+            )
+            event(
+                log,
+                "stage_thread_stuck",
+                logging.ERROR,
+                call_id=call.call_id,
+                stage_thread=thread.name,
+                where=where,
+            )
+
+    def follow_stuck_threads(self) -> None:
+        """Forget stuck threads that have ended since (each logged once)."""
+        for call_id, thread in [entry for entry in self.stuck if not entry[1].is_alive()]:
+            event(log, "stage_thread_recovered", call_id=call_id, stage_thread=thread.name)
+        self.stuck = [entry for entry in self.stuck if entry[1].is_alive()]
 
     def end_soon(self, call_id: str, reason: str) -> None:
         """End a call from a callback that must not wait (e.g. inside the call's own transport task)."""

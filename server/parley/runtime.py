@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 
 from parley import metrics
 from parley.agent.agentfile import Agent, load_agents
@@ -16,9 +18,12 @@ from parley.agent.events import CallEvents, EventOutbox
 from parley.agent.tools import ToolRunner
 from parley.config import Settings
 from parley.engines import Engines, load_engines
+from parley.engines.deadlines import with_deadlines
 from parley.log import event
+from parley.ratelimit import SourceLimiter
 from parley.records import CallRecords, open_records
 from parley.registry import CallRegistry
+from parley.watchdog import CallWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +33,11 @@ RETRY_AFTER_S = 5
 class CallRefused(Exception):
     """No call can be opened now. `reason`: loading | load_failed | capacity | draining | closing."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, retry_after_s: float = RETRY_AFTER_S) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
-        self.retry_after_s = RETRY_AFTER_S
+        self.retry_after_s = max(1, math.ceil(retry_after_s))
 
 
 class UnknownAgent(LookupError):
@@ -54,8 +59,16 @@ class Runtime:
         self.outbox = (
             EventOutbox(settings.events_url, settings.webhook_secret) if settings.events_url else None
         )
+        # Per source address, shared by every transport: one flood cannot take every line.
+        self.setup_limiter = SourceLimiter(
+            settings.setup_rate, settings.setup_burst, settings.rate_limit_exempt
+        )
+        self.watchdog = CallWatchdog(self.registry, settings.max_call_s, settings.max_silence_s)
+        self.registry.observers.append(self.watchdog)
+        self._call_engines: tuple[Engines, Engines] | None = None
         metrics.CALLS_MAX.set(settings.max_calls)
         metrics.READY.set_function(lambda: float(self.not_ready_reason() is None))
+        metrics.STAGE_THREADS_STUCK.set_function(lambda: sum(t.is_alive() for _, t in self.registry.stuck))
 
     async def open_records(self) -> None:
         """Connect to the call records (and migrate them); from then on every call is recorded.
@@ -92,8 +105,18 @@ class Runtime:
                 return agent
         return next((a for a in self.agents.values() if "*" in a.sip_users), None)
 
+    def check_source(self, transport: str, source: str) -> None:
+        """Count a call set-up from `source`; CallRefused ("rate_limited", counted) beyond its rate."""
+        wait_s = self.setup_limiter.check(source, time.monotonic())
+        if wait_s > 0:
+            metrics.CALLS_REFUSED_TOTAL.labels(transport=transport, reason="rate_limited").inc()
+            raise CallRefused(
+                "rate_limited", "too many calls set up from this address, try again later", wait_s
+            )
+
     def start_loading(self) -> None:
         """Load the models in a thread unless they were given (readiness says when they are in)."""
+        self.watchdog.start()
         if self.engines is not None:
             metrics.MODELS_READY.set(1)
             return
@@ -118,6 +141,8 @@ class Runtime:
             return self.load_error or "models loading"
         if self.registry.at_capacity():
             return "at capacity"
+        if sum(t.is_alive() for _, t in self.registry.stuck) >= self.settings.max_calls:
+            return "stage threads stuck"  # a model hangs: send new calls to another instance
         return None
 
     def admit(self, transport: str) -> Engines:
@@ -135,7 +160,13 @@ class Runtime:
         elif self.registry.at_capacity():
             refused = CallRefused("capacity", "at capacity, try again shortly")
         else:
-            return self.engines
+            # The calls get the engines under deadlines (a hung model costs one turn); made once.
+            if self._call_engines is None or self._call_engines[0] is not self.engines:
+                self._call_engines = (
+                    self.engines,
+                    with_deadlines(self.engines, self.settings.engine_timeout_s),
+                )
+            return self._call_engines[1]
         metrics.CALLS_REFUSED_TOTAL.labels(transport=transport, reason=refused.reason).inc()
         raise refused
 
@@ -149,6 +180,7 @@ class Runtime:
     async def close(self) -> None:
         """End every call, then release the engines this runtime loaded."""
         await self.registry.end_all("shutdown")
+        await self.watchdog.close()
         if self.records is not None:
             self.registry.observers.remove(self.records)
             await asyncio.to_thread(self.records.close)

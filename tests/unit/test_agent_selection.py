@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -37,11 +36,11 @@ async def test_an_offer_naming_an_unknown_agent_or_bad_context_is_refused(tmp_pa
     await client.start_server()
     try:
         offer = {"sdp": "v=0\r\n", "type": "offer"}
-        unknown = await client.post("/offer", data=json.dumps({**offer, "agent": "nobody"}))
+        unknown = await client.post("/offer", json={**offer, "agent": "nobody"})
         assert unknown.status == 404 and "no agent named" in (await unknown.json())["error"]
-        hostile = await client.post("/offer", data=json.dumps({**offer, "context": {"x": {"nested": 1}}}))
+        hostile = await client.post("/offer", json={**offer, "context": {"x": {"nested": 1}}})
         assert hostile.status == 400 and "context" in (await hostile.json())["error"]
-        not_a_name = await client.post("/offer", data=json.dumps({**offer, "agent": 5}))
+        not_a_name = await client.post("/offer", json={**offer, "agent": 5})
         assert not_a_name.status == 400
     finally:
         await client.close()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from parley.config import Settings, SettingsError, add_arguments, load_settings
+from parley.config import Settings, SettingsError
+from parley.settings_sources import add_arguments, load_settings
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -19,7 +19,6 @@ from parley.bench.service import metric_value
 from parley.config import Settings
 from parley.drain import drain
 from parley.runtime import CallRefused, Runtime
-from parley.transports import webrtc
 from parley.transports.base import open_call
 from tests.doubles import make_engines
 from tests.unit.test_transport_seam import connect
@@ -121,11 +120,9 @@ async def test_a_drained_instance_is_not_ready_and_lets_live_calls_finish() -> N
         await client.close()
 
 
-async def test_a_webrtc_call_that_never_connects_counts_as_an_ice_timeout(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(webrtc, "CONNECT_TIMEOUT_S", 0.3)
-    client: TestClient = TestClient(TestServer(create_app(Settings(sip="off", greeting=""), make_engines())))  # type: ignore[type-arg]
+async def test_a_webrtc_call_that_never_connects_counts_as_an_ice_timeout() -> None:
+    settings = Settings(sip="off", greeting="", connect_timeout_s=0.3)
+    client: TestClient = TestClient(TestServer(create_app(settings, make_engines())))  # type: ignore[type-arg]
     await client.start_server()
     before = metric_value(
         metrics.exposition().decode(), "parley_transport_errors_total", {"reason": "ice_timeout"}

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from parley.config import Settings, SettingsError, add_arguments, default_data_dir, load_settings
+from parley.config import Settings, SettingsError, default_data_dir
+from parley.settings_sources import add_arguments, load_settings
 
 
 def parse(*flags: str) -> argparse.Namespace:

@@ -6,6 +6,7 @@ cuts the socket so that even a stalled server releases the thread at once.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -36,10 +37,19 @@ class OpenAiLlm:
         timeout: float = ENDPOINT_TIMEOUT_S,
     ) -> None:
         parts = urllib.parse.urlsplit(url.rstrip("/") + "/chat/completions")
+        # The URL goes into error messages and logs: without the user and password it may carry, which
+        # become HTTP Basic credentials (the API key, when set, is the bearer instead).
+        netloc = parts.hostname or ""
+        netloc = f"[{netloc}]" if ":" in netloc else netloc
+        bare = parts._replace(netloc=netloc + (f":{parts.port}" if parts.port else ""))
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"llm_url must be an http(s) URL, not {url!r}")
-        self.url = urllib.parse.urlunsplit(parts)
-        self._parts = parts
+            raise ValueError(f"llm_url must be an http(s) URL, not {urllib.parse.urlunsplit(bare)!r}")
+        self.url = urllib.parse.urlunsplit(bare)
+        self._parts = bare
+        self._basic = ""
+        if parts.username is not None:
+            userinfo = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            self._basic = base64.b64encode(userinfo.encode()).decode()
         self.model = model
         self._api_key = api_key
         self.max_tokens = max_tokens
@@ -68,6 +78,8 @@ class OpenAiLlm:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
+        elif self._basic:
+            headers["Authorization"] = f"Basic {self._basic}"
         path = self._parts.path + (f"?{self._parts.query}" if self._parts.query else "")
         conn = self._connect()
         done = threading.Event()

@@ -103,14 +103,21 @@ Connect = Callable[[Call, HangUp], Awaitable[T]]
 
 
 async def open_call(
-    runtime: Runtime, kind: str, rate: int, connect: Connect[T], *, agent: Agent | None = None
+    runtime: Runtime,
+    kind: str,
+    rate: int,
+    connect: Connect[T],
+    *,
+    agent: Agent | None = None,
+    greet: bool = True,
 ) -> tuple[Call, T]:
     """Admit, build and start a call on a transport; the one way every transport opens a call.
 
     `connect(call, hang_up)` builds the transport and does its signaling (it may await; meanwhile the
     call holds a line, so concurrent setups cannot overshoot --max-calls). It cleans up after itself if
     it raises, and whatever it raises propagates; a CallSetupFailed is also kept as the call's record.
-    `rate` is the transport's outgoing sample rate.
+    `rate` is the transport's outgoing sample rate. `greet=False` for a transport whose media connects
+    after its signaling (WebRTC): it calls `call.greet()` once it does.
     Raises CallRefused when the models are not loaded, at capacity, or shutting down.
     """
     engines = runtime.admit(kind)
@@ -140,7 +147,7 @@ async def open_call(
     call.line = LineControl(transport, asyncio.get_running_loop(), hang_up)
     call.tool_runner = runtime.tools
     registry.add(call, transport.close)
-    call.start()
+    call.start(greet=greet)
     return call, transport
 
 

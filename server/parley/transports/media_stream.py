@@ -1,11 +1,12 @@
 """Carrier media streams: phone calls that a carrier (Twilio, Telnyx) streams to us over a WebSocket.
 
-A call arrives in two requests. The carrier POSTs it to `/<carrier>/voice`; we check the carrier's
-signature, refuse with a busy signal when no call can be taken, and answer markup that connects the call
-to `wss://<public host>/<carrier>/stream`, passing the webhook's query parameters, the caller's and the
-called number, and (when a stream secret is set) a token bound to the carrier's call id as custom
-parameters. The carrier then opens `/<carrier>/stream` and sends `start`: the token is checked and the
-stream becomes a Call (`open_call`, 8 kHz both ways), whose custom parameters are its variables.
+A call arrives in two requests. The carrier POSTs it to `/<carrier>/voice` (carrier_webhooks.py); we
+check the carrier's signature, refuse with a busy signal when no call can be taken, and answer markup
+that connects the call to `wss://<public host>/<carrier>/stream`, passing the webhook's query parameters,
+the caller's and the called number, and (when a stream secret is set) a token bound to the carrier's call
+id as custom parameters. The carrier then opens `/<carrier>/stream` and sends `start`: the token is
+checked and the stream becomes a Call (`open_call`, 8 kHz both ways), whose custom parameters are its
+variables.
 
 Caller audio (G.711, 20 ms per `media` message) goes to `Call.push_audio`; keypad digits to
 `Call.dtmf_received`. The agent's voice is pulled from the call's Outbound at real time (`send_paced`, so
@@ -30,12 +31,10 @@ import binascii
 import contextlib
 import json
 import logging
-import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
-from urllib.parse import parse_qsl
 
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -43,26 +42,17 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from parley import metrics
 from parley.audio import alaw_decode, samples_per_frame, ulaw_decode, ulaw_encode
 from parley.call import Call
-from parley.config import Settings, SettingsError
 from parley.log import event
 from parley.runtime import CallRefused, Runtime, UnknownAgent
 from parley.transports.base import Connect, HangUp, LineActionFailed, open_call, send_paced
 from parley.transports.dtmf_tones import KeypadTones
 from parley.transports.line import keypad_digits, transfer_destination
-from parley.transports.telnyx import Telnyx
 from parley.transports.twilio import (
-    CALL_ID_PARAM,
-    CALLED_PARAM,
-    CALLER_PARAM,
     MULAW,
     TOKEN_PARAMETER,
     StreamError,
     StreamStart,
     StreamTokens,
-    Twilio,
-    dial_markup,
-    hangup_markup,
-    reject_markup,
 )
 
 log = logging.getLogger(__name__)
@@ -108,16 +98,6 @@ class Carrier(Protocol):
 
 def count_problem(carrier: str, reason: str) -> None:
     metrics.TRANSPORT_ERRORS_TOTAL.labels(transport=carrier, reason=reason).inc()
-
-
-def stream_tokens(settings: Settings) -> StreamTokens | None:
-    """Tokens with the configured secret; with none, a random one per process as soon as a carrier
-    credential is set (webhooks are checked, so streams must be too); else no tokens at all."""
-    if settings.stream_secret:
-        return StreamTokens(settings.stream_secret.encode())
-    if settings.twilio_auth_token or settings.telnyx_public_key:
-        return StreamTokens(secrets.token_bytes(32))
-    return None
 
 
 class Handoffs:
@@ -244,6 +224,8 @@ class MediaStream:
                 self._problem("too_big" if too_big else "stream_error")
                 return "stream_error"
             else:
+                if not self._closed:  # a carrier sends `stop` first: this one vanished
+                    self._problem("closed_without_stop")
                 return "hangup"
 
     def handle(self, text: str) -> bool:
@@ -359,7 +341,7 @@ class MediaStream:
 def json_object(text: str) -> dict[str, Any] | None:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # deep nesting raises RecursionError
         return None
     return value if isinstance(value, dict) else None
 
@@ -420,6 +402,11 @@ def stream_handler(
     async def serve(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, timeout=CLOSE_TIMEOUT_S)
         await ws.prepare(request)
+        try:
+            runtime.check_source(carrier.name, request.remote or "")
+        except CallRefused as exc:
+            await close_with(ws, WSCloseCode.TRY_AGAIN_LATER, exc.message)
+            return ws
         start = await receive_start(ws, carrier, runtime.settings.stream_start_timeout_s)
         if start is None:
             return ws
@@ -457,96 +444,3 @@ def stream_handler(
         return ws
 
     return serve
-
-
-# the voice webhook
-
-
-def public_base(request: web.Request, settings: Settings) -> str:
-    """The service's URL as the carrier sees it (scheme and host, no trailing slash)."""
-    if settings.public_url:
-        return settings.public_url.rstrip("/")
-    scheme = request.headers.get("X-Forwarded-Proto", request.scheme).split(",")[0].strip()
-    host = request.headers.get("X-Forwarded-Host", request.host).split(",")[0].strip()
-    return f"{scheme}://{host}"
-
-
-def custom_parameters(query: Mapping[str, str]) -> dict[str, str]:
-    """The webhook URL's query parameters (e.g. `?agent=sales`), passed on to the stream."""
-    if len(query) > MAX_PARAMETERS or any(len(k) + len(v) > MAX_PARAMETER_CHARS for k, v in query.items()):
-        raise web.HTTPBadRequest(
-            reason=f"at most {MAX_PARAMETERS} parameters of {MAX_PARAMETER_CHARS} characters"
-        )
-    return {k: v for k, v in query.items() if k != TOKEN_PARAMETER}
-
-
-def voice_handler(carrier: Carrier, runtime: Runtime, tokens: StreamTokens | None) -> Handler:
-    async def answer(request: web.Request) -> web.Response:
-        settings = runtime.settings
-        body = await request.read()
-        params = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)  # form-encoded
-        base = public_base(request, settings)
-        problem = carrier.webhook_problem(base + request.path_qs, request.headers, body, params, time.time())
-        if problem is not None:
-            metrics.CALLS_REFUSED_TOTAL.labels(transport=carrier.name, reason="forbidden").inc()
-            event(log, "webhook_refused", logging.WARNING, carrier=carrier.name, reason=problem)
-            return web.json_response({"error": problem}, status=403)
-        form = dict(params)
-        call_id = form.get(CALL_ID_PARAM, "")
-        if not call_id:
-            return web.json_response({"error": f"no {CALL_ID_PARAM}"}, status=400)
-        try:
-            runtime.admit(carrier.name)  # counts the refusal; the line is taken when the stream starts
-        except CallRefused as exc:
-            event(log, "call_rejected", carrier=carrier.name, reason=exc.reason, sid=call_id)
-            return web.Response(text=reject_markup(), content_type="text/xml")
-        parameters = custom_parameters(request.query)
-        parameters.update(caller=form.get(CALLER_PARAM, ""), called=form.get(CALLED_PARAM, ""))
-        if tokens is not None:
-            parameters[TOKEN_PARAMETER] = tokens.mint(carrier.name, call_id, parameters, time.time())
-        stream_url = "ws" + base.removeprefix("http") + f"/{carrier.name}/stream"  # https -> wss, http -> ws
-        markup = carrier.connect_markup(stream_url, parameters, f"{base}/{carrier.name}/connect-action")
-        return web.Response(text=markup, content_type="text/xml")
-
-    return answer
-
-
-def action_handler(carrier: Carrier, runtime: Runtime, handoffs: Handoffs) -> Handler:
-    """The carrier asks what next once our stream has closed: `<Dial>` the destination of a transfer the
-    agent made, else `<Hangup/>` (the agent or the service ended the call). Signed like the voice webhook."""
-
-    async def next_step(request: web.Request) -> web.Response:
-        body = await request.read()
-        params = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
-        url = public_base(request, runtime.settings) + request.path_qs
-        problem = carrier.webhook_problem(url, request.headers, body, params, time.time())
-        if problem is not None:
-            event(log, "webhook_refused", logging.WARNING, carrier=carrier.name, reason=problem)
-            return web.json_response({"error": problem}, status=403)
-        call_id = dict(params).get(CALL_ID_PARAM, "")
-        destination = handoffs.take(carrier.name, call_id, time.monotonic()) if call_id else None
-        event(log, "carrier_next_step", carrier=carrier.name, sid=call_id, dial=destination or "")
-        markup = dial_markup(destination) if destination else hangup_markup()
-        return web.Response(text=markup, content_type="text/xml")
-
-    return next_step
-
-
-def add_carrier_routes(app: web.Application, runtime: Runtime) -> None:
-    """`POST /<carrier>/voice`, `GET /<carrier>/stream` and `POST /<carrier>/connect-action` for Twilio
-    and Telnyx."""
-    settings = runtime.settings
-    if settings.public_url and not settings.public_url.startswith(("https://", "http://")):
-        raise SettingsError(f"public_url must start with https:// (or http://), not {settings.public_url!r}")
-    if settings.stream_start_timeout_s <= 0:
-        raise SettingsError("stream_start_timeout_s must be positive")
-    try:
-        carriers: list[Carrier] = [Twilio(settings.twilio_auth_token), Telnyx(settings.telnyx_public_key)]
-    except ValueError as exc:
-        raise SettingsError(str(exc)) from exc
-    tokens = stream_tokens(settings)
-    handoffs = Handoffs()
-    for carrier in carriers:
-        app.router.add_post(f"/{carrier.name}/voice", voice_handler(carrier, runtime, tokens))
-        app.router.add_get(f"/{carrier.name}/stream", stream_handler(carrier, runtime, tokens, handoffs))
-        app.router.add_post(f"/{carrier.name}/connect-action", action_handler(carrier, runtime, handoffs))

@@ -40,17 +40,19 @@ from av import AudioFrame
 from parley import metrics
 from parley.audio import audio_level_dbov, downmix, samples_per_frame
 from parley.call import Call
+from parley.limits import BadJson, MessageGuard, parse_json
 from parley.log import event
 from parley.outbound import Outbound
 from parley.transports.base import Connect, FrameClock, HangUp, LineActionFailed
 from parley.transports.line import keypad_digits, transfer_destination
+from parley.transports.opus_packets import OPUS_RATE, OpusPackets, first_audio_codec
 
 log = logging.getLogger(__name__)
 
 WEBRTC_RATE = 48000
 EVENTS_LABEL = "events"
 MAX_PENDING_EVENTS = 200
-CONNECT_TIMEOUT_S = 30.0
+LOG_EVERY = 100  # a page that floods bad messages gets a log line now and then, not one each
 EVENTS_DRAIN_S = 0.5  # how long a close waits for the last events to be acknowledged by the page
 INBOUND_JITTER_FRAMES = 1
 
@@ -154,14 +156,31 @@ class PacedAudioTrack(MediaStreamTrack):
 
 
 class OutboundTrack(PacedAudioTrack):
-    """The agent's voice: frames pulled from the call's Outbound."""
+    """The agent's voice: frames pulled from the call's Outbound; with Opus, packets encoded here
+    (transports/opus_packets.py: silence then costs no encoding)."""
 
     def __init__(self, outbound: Outbound) -> None:
         super().__init__(outbound.rate)
         self.outbound = outbound
+        self.opus: OpusPackets | None = None
+
+    def encode_opus(self) -> None:
+        """The call was negotiated with Opus first: hand aiortc packets (set before the first frame)."""
+        if self.rate == OPUS_RATE:
+            self.opus = OpusPackets()
 
     def next_frame(self, now: float) -> np.ndarray:
         return self.outbound.pull_frame()
+
+    async def recv(self) -> Any:
+        if self.opus is None:
+            return await super().recv()
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self._clock.tick()
+        packet = self.opus.packet(self.next_frame(time.monotonic()), self._pts)
+        self._pts += self.frame_samples
+        return packet
 
 
 def answering(offer_sdp: str, ice_servers: list[RTCIceServer]) -> Connect[WebRtcPeer]:
@@ -191,8 +210,15 @@ class WebRtcPeer:
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._heard_track = False
+        settings = call.settings
+        self._inbound = MessageGuard(
+            settings.max_dc_message_bytes, settings.max_dc_messages_per_s, time.monotonic()
+        )
+        self._problems: dict[str, int] = {}
         self.answer_sdp = ""
-        self.pc.addTrack(OutboundTrack(call.outbound))
+        self._track = OutboundTrack(call.outbound)
+        self.pc.addTrack(self._track)
         self.pc.on("track", self._on_track)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_connection_state)
@@ -204,6 +230,8 @@ class WebRtcPeer:
             set_jitter_prefetch(self.pc, INBOUND_JITTER_FRAMES)
             answer = await self.pc.createAnswer()
             await self.pc.setLocalDescription(answer)
+            if first_audio_codec(self.pc.localDescription.sdp) == "opus":
+                self._track.encode_opus()
         except Exception as exc:  # aiortc's SDP handling also asserts on malformed or inconsistent offers
             raise SignalingError(f"the offer could not be used: {str(exc) or 'malformed SDP'}") from exc
         self._spawn(self._watch_connect())
@@ -229,13 +257,30 @@ class WebRtcPeer:
 
     # media
 
+    @property
+    def connected(self) -> bool:
+        return bool(self.pc.connectionState == "connected")
+
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
+        if track.kind == "audio" and not self._heard_track:  # one caller: one audio track is heard
+            self._heard_track = True
             self._spawn(self._pump_inbound(track))
 
     async def _pump_inbound(self, track: MediaStreamTrack) -> None:
-        async for rate, mono in audio_frames(track):
-            self.call.push_audio(mono, rate)
+        # A browser sends audio every 20 ms, silence included: a peer that sends nothing for a while has
+        # vanished (a dead network, a suspended laptop), and ICE consent would take 30 s to say so.
+        settings = self.call.settings
+        idle_s = settings.media_timeout_s or None
+        first_s = settings.connect_timeout_s + idle_s if idle_s else None
+        try:
+            async for rate, mono in audio_frames(track, idle_s, first_s):
+                self.call.push_audio(mono, rate)
+        except TimeoutError:
+            if not self._closed:
+                metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="webrtc", reason="media_timeout").inc()
+                event(log, "media_timeout", logging.WARNING, call_id=self.call.call_id, idle_s=idle_s)
+                self._on_gone("media_timeout")
+            return
         if not self._closed:
             self._on_gone("hangup")
 
@@ -251,8 +296,56 @@ class WebRtcPeer:
                 channel.send(self._pending.popleft())
 
         channel.on("open", flush_pending)
+        channel.on("message", self._on_page_message)
         if channel.readyState == "open":
             flush_pending()
+
+    def _on_page_message(self, message: str | bytes) -> None:
+        """A message from the page: `{"type": "ping"}` (any `id` is echoed) is answered with a `pong`;
+        anything else gets an `error` event. Bounded in size and rate (--max-dc-message-bytes,
+        --max-dc-messages-per-s); a page that goes on flooding has its channel closed (the call goes on)."""
+        size = len(message.encode("utf-8", "replace") if isinstance(message, str) else message)
+        refused = self._inbound.admit(size, time.monotonic())
+        if refused is not None:
+            self._page_problem(f"dc_{refused}", size=size)
+            if refused == "too_big":
+                self._answer_error(f"message too large (limit {self._inbound.max_bytes} bytes)")
+            channel = self._channel
+            if self._inbound.flooding and channel is not None and channel.readyState == "open":
+                event(log, "data_channel_closed", logging.WARNING, call_id=self.call.call_id, reason="flood")
+                channel.close()
+            return
+        try:
+            payload = parse_json(message)
+        except BadJson as exc:
+            self._page_problem("dc_bad_message")
+            self._answer_error(str(exc))
+            return
+        kind = payload.get("type") if isinstance(payload, dict) else None
+        if kind == "ping":
+            ident = payload.get("id")
+            pong: dict[str, Any] = {"type": "pong"}
+            if isinstance(ident, str | int) and not isinstance(ident, bool) and len(str(ident)) <= 64:
+                pong["id"] = ident
+            self.deliver_event(pong)
+            return
+        self._page_problem("dc_bad_message")
+        if not isinstance(kind, str):
+            self._answer_error('expected a JSON object with a "type"')
+        else:
+            self._answer_error(f"unknown message type {kind[:32]!r}")
+
+    def _answer_error(self, message: str) -> None:
+        self.deliver_event({"type": "error", "error": message})
+
+    def _page_problem(self, reason: str, **fields: Any) -> None:
+        metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="webrtc", reason=reason).inc()
+        seen = self._problems[reason] = self._problems.get(reason, 0) + 1
+        if seen == 1 or seen % LOG_EVERY == 0:
+            event(
+                log, "page_bad_message", logging.WARNING, call_id=self.call.call_id, reason=reason, seen=seen,
+                **fields,
+            )  # fmt: skip
 
     def audio_flushed(self) -> None:
         """Nothing to do: the next frame the track pulls is already silence."""
@@ -328,25 +421,33 @@ class WebRtcPeer:
     async def _on_connection_state(self) -> None:
         state = self.pc.connectionState
         event(log, "webrtc_state", logging.DEBUG, call_id=self.call.call_id, state=state)
-        if state == "failed" and not self._closed:
+        if state == "connected":
+            self.call.greet()  # not before: an offer that never connects costs no synthesis
+        elif state == "failed" and not self._closed:
             metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="webrtc", reason="ice_failed").inc()
             self._on_gone("ice_failed")
         elif state == "closed" and not self._closed:
             self._on_gone("hangup")
 
     async def _watch_connect(self) -> None:
-        await asyncio.sleep(CONNECT_TIMEOUT_S)
+        await asyncio.sleep(self.call.settings.connect_timeout_s)
         if self.pc.connectionState != "connected" and not self._closed:
             metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="webrtc", reason="ice_timeout").inc()
             self._on_gone("ice_timeout")
 
 
-async def audio_frames(track: MediaStreamTrack) -> AsyncIterator[tuple[int, np.ndarray]]:
-    """A received track's audio as (sample rate, mono int16) per frame, until the track ends."""
+async def audio_frames(
+    track: MediaStreamTrack, idle_timeout_s: float | None = None, first_timeout_s: float | None = None
+) -> AsyncIterator[tuple[int, np.ndarray]]:
+    """A received track's audio as (sample rate, mono int16) per frame, until the track ends. TimeoutError
+    when the first frame takes longer than `first_timeout_s` (it waits for the connection), or a frame
+    follows the previous one by more than `idle_timeout_s`."""
+    timeout = first_timeout_s
     while True:
         try:
-            frame = await track.recv()
+            frame = await asyncio.wait_for(track.recv(), timeout)
         except MediaStreamError:
             return
+        timeout = idle_timeout_s
         if isinstance(frame, AudioFrame):
             yield frame.sample_rate, downmix(frame.to_ndarray().reshape(-1), len(frame.layout.channels))

@@ -165,3 +165,16 @@ class DtmfSender:
             marker=self._tick == 1,
             payload=report.serialize(),
         )
+
+
+def info_digit(content_type: str, body: str) -> str | None:
+    """The key in an INFO body: `Signal=5` (application/dtmf-relay) or `5` (application/dtmf)."""
+    value = body.strip()
+    if content_type == "application/dtmf-relay":
+        value = ""
+        for line in body.splitlines():
+            name, _, rest = line.partition("=")
+            if name.strip().lower() == "signal":
+                value = rest.strip()
+    digit = {"10": "*", "11": "#"}.get(value, value).upper()
+    return digit if len(digit) == 1 and digit in "0123456789*#ABCD" else None

@@ -29,6 +29,7 @@ from parley.runtime import CallRefused, Runtime
 from parley.transports.base import CallSetupFailed, HangUp, open_call
 from parley.transports.sip.dialog import Dialog, DialogId
 from parley.transports.sip.digest import DigestAuthenticator, Verdict
+from parley.transports.sip.dtmf import info_digit
 from parley.transports.sip.endpoint import SipEndpoint
 from parley.transports.sip.leg import SIP_RATE, SipLeg
 from parley.transports.sip.media import RtpStream
@@ -193,6 +194,12 @@ class SipUserAgent:
     def _on_invite(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
         if request.to_tag:
             self._on_reinvite(tx, request)
+            return
+        try:
+            if not self._allow:  # a trunk on --sip-allow carries many callers from one address
+                self.runtime.check_source("sip", source.host)
+        except CallRefused as exc:  # a flood of INVITEs from one source: refused before any work
+            tx.respond(503, "Too Many Calls", headers=(("Retry-After", str(exc.retry_after_s)),))
             return
         tx.respond(100)
         if request.headers.get("Max-Forwards") == "0":
@@ -421,7 +428,7 @@ class SipUserAgent:
         if content_type not in DTMF_TYPES:
             tx.respond(415, headers=(("Accept", ", ".join(DTMF_TYPES)),))
             return
-        digit = _info_digit(content_type, request.body.decode("utf-8", errors="replace"))
+        digit = info_digit(content_type, request.body.decode("utf-8", errors="replace"))
         if digit is None:
             tx.respond(400, "No DTMF signal in the body")
             return
@@ -453,19 +460,6 @@ class SipUserAgent:
         subscription.notified(
             status, reason, subscription_terminated(request.headers.get("Subscription-State"))
         )
-
-
-def _info_digit(content_type: str, body: str) -> str | None:
-    """The key in an INFO body: `Signal=5` (application/dtmf-relay) or `5` (application/dtmf)."""
-    value = body.strip()
-    if content_type == "application/dtmf-relay":
-        value = ""
-        for line in body.splitlines():
-            name, _, rest = line.partition("=")
-            if name.strip().lower() == "signal":
-                value = rest.strip()
-    digit = {"10": "*", "11": "#"}.get(value, value).upper()
-    return digit if len(digit) == 1 and digit in "0123456789*#ABCD" else None
 
 
 def _request_user(request: SipRequest) -> str:
