@@ -47,6 +47,7 @@ async def _one_caller(url: str, index: int, rounds: int, together: asyncio.Barri
             heard_at = await caller.wait_for_audio(after=spoken_end, timeout=30)
             said = await caller.wait_for_event("user_transcript", timeout=10, after=asked)
             done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
+            server = await caller.wait_for_event("latency", timeout=5, after=spoken_end)
             overlap = word_overlap(said["text"], question)
             results.append(
                 {
@@ -56,6 +57,7 @@ async def _one_caller(url: str, index: int, rounds: int, together: asyncio.Barri
                     "reply": done["text"],
                     "right_turn": done["turn_id"] == said["turn_id"],
                     "response_s": round(heard_at - spoken_end, 4),
+                    "server": server,  # the service's own timeline of the reply
                 }
             )
             progress(f"caller {index} round {round_no + 1}: reply after {heard_at - spoken_end:.3f} s")
@@ -81,6 +83,8 @@ async def measure(url: str, callers: int, rounds: int, pid: int | None = None) -
         "replies right": f"{len(right)}/{len(rows)}",
         "response_s (caller)": percentiles([r["response_s"] for r in rows]),
     }
+    for stage in ("stt_s", "llm_first_token_s", "tts_first_audio_s"):
+        summary[f"server {stage}"] = percentiles([r["server"][stage] for r in rows if r["server"].get(stage)])
     if pid:
         summary["server cpu per call (% of a core)"] = round(
             100 * (cpu_seconds(pid) - cpu0) / wall / callers, 1

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from parley.bench.caller import Caller
+from parley.bench.carrier import CarrierCaller
 from parley.bench.service import Service
 from parley.bench.sip_caller import SipCaller
 
@@ -28,16 +29,21 @@ QUESTIONS = (
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--transport",
-        choices=("webrtc", "sip"),
+        choices=("webrtc", "sip", "carrier"),
         default="webrtc",
-        help="how the caller calls (default webrtc)",
+        help="how the caller calls (default webrtc; carrier: a Twilio media stream)",
     )
     parser.add_argument("--sip-uri", default="", help="with --url and --transport sip: the service's SIP URI")
 
 
-def new_caller(args: argparse.Namespace, url: str, service: Service | None) -> Caller | SipCaller:
+def new_caller(
+    args: argparse.Namespace, url: str, service: Service | None
+) -> Caller | SipCaller | CarrierCaller:
     """A caller (not yet connected) over the transport the benchmark was asked for."""
-    if getattr(args, "transport", "webrtc") == "sip":
+    transport = getattr(args, "transport", "webrtc")
+    if transport == "carrier":
+        return CarrierCaller(url)
+    if transport == "sip":
         sip_uri = getattr(args, "sip_uri", "") or (service.sip_uri if service else "")
         if not sip_uri:
             raise SystemExit("--transport sip with --url needs --sip-uri")
@@ -48,7 +54,7 @@ def new_caller(args: argparse.Namespace, url: str, service: Service | None) -> C
 @contextlib.asynccontextmanager
 async def caller_for(
     args: argparse.Namespace, url: str, service: Service | None
-) -> AsyncIterator[Caller | SipCaller]:
+) -> AsyncIterator[Caller | SipCaller | CarrierCaller]:
     """A connected caller over the chosen transport, hung up on exit."""
     async with new_caller(args, url, service) as caller:
         yield caller
