@@ -324,6 +324,23 @@ def test_a_request_with_a_usable_via_is_kept_in_the_error_to_answer_400(case: st
     assert caught.value.request is not None and caught.value.request.branch == "z9hG4bKhjhs8ass877"
 
 
+@pytest.mark.parametrize(
+    ("start", "status", "reason"),
+    [
+        (b"OPTIONS sip:carol@chicago.example.com SIP/3.0", 505, "SIP version 'SIP/3.0' is not supported"),
+        (b"OPTIONS <> SIP/2.0", 400, "bad Request-URI '<>'"),
+    ],
+)
+def test_a_bad_request_line_with_readable_headers_is_answered(start: bytes, status: int, reason: str) -> None:
+    """Found by the fuzzer, where such requests were dropped without an answer."""
+    data = options().replace(b"OPTIONS sip:carol@chicago.example.com SIP/2.0", start)
+    assert data.startswith(start)
+    with pytest.raises(SipError) as caught:
+        parse_message(data)
+    assert caught.value.status == status and str(caught.value) == reason
+    assert caught.value.request is not None and caught.value.request.branch == "z9hG4bKhjhs8ass877"
+
+
 def test_a_request_without_a_usable_via_or_a_response_cannot_be_answered() -> None:
     with pytest.raises(SipError) as caught:
         parse_message(BAD_MESSAGES["missing Via"])

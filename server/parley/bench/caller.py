@@ -14,7 +14,13 @@ import time
 
 import aiohttp
 import numpy as np
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
 
 from parley.audio import rms_dbfs
 from parley.bench.listening import CallFailed, Ears, Mouth, Playback
@@ -64,6 +70,7 @@ class Caller(Ears):
         self.mic = MicTrack()
         self.call_id = ""
         self.pc: RTCPeerConnection | None = None
+        self.channel: RTCDataChannel | None = None  # the page's data channel ("events")
         self._reader: asyncio.Task[None] | None = None
 
     def _headers(self) -> dict[str, str]:
@@ -73,7 +80,7 @@ class Caller(Ears):
         self, timeout: float = 20.0, *, agent: str | None = None, context: dict[str, str] | None = None
     ) -> str:
         pc = self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        channel = pc.createDataChannel("events")
+        channel = self.channel = pc.createDataChannel("events")
         channel.on("message", self._on_message)
         pc.addTrack(self.mic)
         pc.on("track", self._on_track)

@@ -317,6 +317,7 @@ def parse_message(data: bytes) -> SipMessage:
     if end is None:
         raise SipError("no empty line after the headers")
     start, fields, problem = _split_head(data[: end.start()])
+    status = 400
     message: SipMessage
     if start[:4].upper() == "SIP/":
         version, _, rest = start.partition(" ")
@@ -326,11 +327,16 @@ def parse_message(data: bytes) -> SipMessage:
         message = SipResponse(int(code), reason.strip(), Headers(fields))
     else:
         parts = start.split(" ")
-        if len(parts) != 3 or parts[2].upper() != "SIP/2.0":
-            raise SipError(f"bad request line {show(start)}")
-        if not is_token(parts[0]) or not _REQUEST_URI.fullmatch(parts[1]):
+        if len(parts) != 3 or not is_token(parts[0]):
             raise SipError(f"bad request line {show(start)}")
         message = SipRequest(parts[0], parts[1], Headers(fields))
+        # Answerable when its headers are: 505 for another version (21.5.7), 400 for a bad Request-URI.
+        if problem:
+            pass
+        elif parts[2].upper() != "SIP/2.0":
+            problem, status = f"SIP version {show(parts[2])} is not supported", 505
+        elif not _REQUEST_URI.fullmatch(parts[1]):
+            problem = f"bad Request-URI {show(parts[1])}"
     answerable = None
     if isinstance(message, SipRequest):
         try:
@@ -347,7 +353,7 @@ def parse_message(data: bytes) -> SipMessage:
             body = body[:length]
         message.body = body
         if problem:
-            raise SipError(problem)
+            raise SipError(problem, status)
         _validate(message)
     except SipError as e:
         raise SipError(str(e), e.status, answerable) from None
