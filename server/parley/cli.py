@@ -68,7 +68,9 @@ def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from parley.app import create_app
+    from parley.memory import bound_malloc_arenas
 
+    bound_malloc_arenas()  # before any thread is started
     settings = load_settings(args)
     setup_logging(settings.log_level, settings.log_format, settings.log_transcripts)
     app = create_app(settings)

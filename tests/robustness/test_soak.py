@@ -106,6 +106,28 @@ async def chaos(service: Service, until: float, rng: random.Random, tried: Count
         sip.close()
 
 
+async def warm_up(service: Service, clips: list[Any]) -> None:
+    """A question on each transport at once: the models' first-use memory (and a batch of three) is
+    spent before the baseline is taken."""
+
+    async def ask(caller: Any) -> None:
+        await caller.connect()
+        try:
+            await caller.wait_for_event("agent_done", timeout=60, turn_id="greeting")
+            asked, _ = await caller.say(clips[0])
+            await caller.wait_for_event("agent_done", timeout=60, after=asked)
+        finally:
+            await caller.hangup()
+
+    callers = [
+        Caller(service.base_url),
+        SipCaller(service.base_url, service.sip_uri),
+        CarrierCaller(service.base_url),
+    ]
+    await asyncio.gather(*(ask(c) for c in callers))
+    await one_call("webrtc", True, service.base_url, service.sip_uri)
+
+
 @pytest.mark.slow
 def test_calls_held_for_minutes_through_bad_input_and_abrupt_hang_ups(tmp_path: Path) -> None:
     service = Service(["--setup-rate", "0", "--rtp-timeout-s", "2"], log_path=tmp_path / "parley.log").start()
@@ -115,7 +137,7 @@ def test_calls_held_for_minutes_through_bad_input_and_abrupt_hang_ups(tmp_path: 
     tried: Counter[str] = Counter()
     try:
         clips = [trim(espeak(q)) for q in QUESTIONS[:6]]
-        loop.run(one_call("webrtc", False, service.base_url, service.sip_uri), timeout=120)  # warm up
+        loop.run(warm_up(service, clips), timeout=180)
         time.sleep(2.0)
         before = Usage.of(pid)
         until = time.monotonic() + SOAK_S
@@ -141,7 +163,8 @@ def test_calls_held_for_minutes_through_bad_input_and_abrupt_hang_ups(tmp_path: 
             f"max {latencies[-1]:.2f} s; injected {dict(tried)}; before {before}, after {after}"
         )
         assert all(r["still_up"] for r in results), "a held call was dropped"
-        assert all(len(r["answered"]) >= 3 for r in results)
+        # A question every 10-20 s on each call: all of them answered, none skipped by a stall.
+        assert all(len(r["answered"]) >= max(1, int((SOAK_S - 25) / 25)) for r in results)
         assert after.rss_mb <= before.rss_mb + 80
         assert after.threads <= before.threads + 4
         assert after.fds <= before.fds + 8
