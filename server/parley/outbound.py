@@ -245,6 +245,11 @@ class Outbound:
 
     # the transport
 
+    @property
+    def silence(self) -> np.ndarray:
+        """What `pull_frame` returns when nothing plays: the same object each time (never write to it)."""
+        return self._silence
+
     def pull_frame(self) -> np.ndarray:
         """The next 20 ms of audio at `rate` (int16); silence when nothing may play. Never blocks."""
         notices: list[Callable[[], None]] = []

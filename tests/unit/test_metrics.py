@@ -164,3 +164,23 @@ async def test_parley_drain_waits_for_the_live_calls_to_end() -> None:
         assert drain(Settings(port=1, sip="off"), 1.0) == 2  # nothing listens there
     finally:
         await client.close()
+
+
+def test_queue_depth_counts_what_waits_in_every_live_queue_of_a_stage() -> None:
+    from parley.pipeline.queues import StageQueue
+
+    def depth() -> float:
+        return metric_value(metrics.exposition().decode(), "parley_queue_depth", {"stage": "tts"})
+
+    start = depth()
+    first, second = StageQueue[int]("tts"), StageQueue[int]("tts")
+    for n in range(3):
+        first.put(n)
+    second.put(9)
+    assert depth() == start + 4
+    first.get()
+    second.flush()
+    assert depth() == start + 2
+    first.close()
+    del first, second
+    assert depth() == start

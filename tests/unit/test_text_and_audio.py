@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parley.audio import FrameSplitter, StreamResampler, downmix, resample, rms_dbfs
+from parley.audio import FrameSplitter, StreamResampler, first_channel, resample, rms_dbfs
 from parley.pipeline.history import Conversation
 from parley.pipeline.queues import QueueClosed, StageQueue
 from parley.pipeline.segmenter import ReplySegmenter, clean_for_speech
@@ -15,7 +15,7 @@ def test_stereo_48k_frames_become_16k_mono_without_losing_time() -> None:
     stereo = np.repeat(tone, 2)
     resampler = StreamResampler(48000, 16000)
     out = np.concatenate(
-        [resampler.process(downmix(stereo[i : i + 1920], 2)) for i in range(0, stereo.size, 1920)]
+        [resampler.process(first_channel(stereo[i : i + 1920], 2)) for i in range(0, stereo.size, 1920)]
     )
     assert abs(out.size - 16000) <= 200  # the stream holds back a few ms of filter delay
     assert abs(rms_dbfs(out[2000:]) - rms_dbfs(tone)) < 1.0

@@ -76,6 +76,15 @@ class Counters:
     async def read(self) -> dict[str, float]:
         return await asyncio.to_thread(self._read)
 
+    def speculation(self) -> dict[str, str]:
+        """Replies started at a pause over the whole run: used (the turn ended there), or wasted."""
+        with urllib.request.urlopen(self.url, timeout=10) as r:
+            text = r.read().decode()
+        used, wasted = (
+            metric_value(text, "parley_speculative_replies_total", {"outcome": o}) for o in ("used", "wasted")
+        )
+        return {"speculative replies used / wasted (whole run)": f"{used:.0f} / {wasted:.0f}"}
+
 
 async def _reply_playing(caller: Ears, prompt: str) -> float:
     """Ask for a reply and return once its audio has been playing for a moment."""
@@ -183,11 +192,18 @@ async def pause_trial(caller: Ears, question: tuple[str, str, str, str], pause_m
     said = [e for e in _events(caller, "user_transcript", started) if e["turn_id"] == done["turn_id"]]
     last: dict[str, Any] = said[-1] if said else {"revision": 0, "text": ""}
     whole = {first_word, rest_word} <= _words(last["text"])
+    # Agent speech while the question was still being asked: a reply to its first half (a superseded
+    # revision, or a speculative reply the pause started) that reached the caller.
+    early = caller.speech_seconds_between(started, asked)
     return {
         "replies": len(replies),
         "revision": last["revision"],
         "heard_as": last["text"],
-        "one_reply_to_whole": len(replies) == 1 and last["revision"] >= 1 and whole,
+        "agent_speech_during_question_s": round(early, 2),
+        # Turn-taking right: one reply, to the reopened turn, nothing heard before the question ended.
+        "one_reply_to_reopened_turn": len(replies) == 1 and last["revision"] >= 1 and early == 0,
+        "both_halves_heard": whole,  # and the transcript has a word of each half (Whisper's part)
+        "one_reply_to_whole": len(replies) == 1 and last["revision"] >= 1 and whole and early == 0,
     }
 
 
@@ -229,8 +245,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 pause = await pause_trial(caller, PAUSED_QUESTIONS[i % len(PAUSED_QUESTIONS)], args.pause_ms)
                 pauses.append(pause)
                 progress(f"pause {i + 1}/{args.pauses}: {pause}")
+        speculation = await asyncio.to_thread(counters.speculation)
     return {
-        "summary": summarise(stops, sounds, pauses, excluded, args.pause_ms),
+        "summary": {**summarise(stops, sounds, pauses, excluded, args.pause_ms), **speculation},
         **_details(stops, sounds, pauses),
         "ok": _ok(stops, sounds, pauses),
     }
@@ -284,5 +301,12 @@ def summarise(
             [s["pause_s"] for s in sounds if s["outcome"] == "resumed" and s["pause_s"] is not None]
         ),
         f"{pause_ms} ms pauses: one reply to the whole question": f"{whole}/{len(pauses)}",
+        "  one reply, to the reopened turn": f"{sum(p['one_reply_to_reopened_turn'] for p in pauses)}"
+        f"/{len(pauses)}",
+        "  a word of each half in its transcript": f"{sum(p['both_halves_heard'] for p in pauses)}"
+        f"/{len(pauses)}",
+        "  replies heard for the question's first half (superseded)": sum(
+            p["agent_speech_during_question_s"] > 0 for p in pauses
+        ),
         "excluded (reply not audible when the caller spoke)": dict(excluded) or 0,
     }

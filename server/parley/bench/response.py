@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 from parley.bench import percentiles, progress
 from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for
 from parley.bench.cpu import cpu_seconds, rss_mb
-from parley.bench.service import Service
+from parley.bench.service import Service, metric_value
 from parley.bench.speech import espeak, trim
 
 NAME = "response"
@@ -24,13 +26,39 @@ HELP = "end of the caller's speech -> first reply audio at the caller"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=10, help="questions asked (default 10)")
+    parser.add_argument("--label", default="", help="this run's name in the plot (default: its settings)")
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="an earlier run's results to draw beside this one (repeatable)",
+    )
     add_transport_arguments(parser)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with service_for(args) as (url, service):
         pid = service.process.pid if service and service.process else None
-        return await measure(args, url, service, args.trials, pid)
+        results = await measure(args, url, service, args.trials, pid)
+    results["label"] = args.label or " ".join([args.transport, *args.server_arg]).strip()
+    plot = _plot(args, results)
+    if plot is not None:
+        results["summary"]["plot"] = str(plot)
+    return results
+
+
+def _plot(args: argparse.Namespace, results: dict[str, Any]) -> Path | None:
+    """The distribution of this run's response times (and of the runs to compare), as a PNG beside the
+    JSON."""
+    from parley.bench.plots import plot_latency_distribution
+
+    series = {results["label"]: [t["response_s"] for t in results["trials"]]}
+    for path in args.compare:
+        earlier = json.loads(Path(path).read_text())
+        series[earlier.get("label") or Path(path).stem] = [t["response_s"] for t in earlier["trials"]]
+    out = Path(args.json or "bench-response.json").with_suffix(".png")
+    return plot_latency_distribution(series, out, "End of question -> first reply audio")
 
 
 async def measure(
@@ -61,6 +89,7 @@ async def measure(
         wall = time.monotonic() - wall_start
         cpu = (cpu_seconds(server_pid) - cpu_start) if server_pid else None
         call_rss = rss_mb(server_pid) if server_pid else None
+        setup_s = getattr(caller, "setup_s", None)  # a SIP caller's INVITE -> 200 OK
     latencies = [r["response_s"] for r in rows]
     stage = {
         key: percentiles([r["server"][key] for r in rows if r["server"].get(key) is not None])
@@ -68,6 +97,15 @@ async def measure(
     }
     summary: dict[str, Any] = {"response_s (caller)": percentiles(latencies)}
     summary.update({f"server {k}": v for k, v in stage.items()})
+    if setup_s is not None:
+        summary["call set-up: INVITE -> 200 OK (s)"] = round(setup_s, 4)
+    if service is not None:
+        text = service.metrics_text()
+        used, wasted = (
+            metric_value(text, "parley_speculative_replies_total", {"outcome": outcome})
+            for outcome in ("used", "wasted")
+        )
+        summary["speculative replies used / wasted"] = f"{used:.0f} / {wasted:.0f}"
     if cpu is not None:
         summary["server cpu per call (% of a core)"] = round(100 * cpu / wall, 1)
         summary["server rss MB (idle -> in call)"] = f"{idle_rss:.0f} -> {call_rss:.0f}"

@@ -192,6 +192,11 @@ class Ct2Llm(LocalLlm):
             tokens: list[str] = self._tokenizer.convert_ids_to_tokens(ids)
         return tokens[: len(static)], tokens[len(static) :]
 
+    def _sampling(self) -> dict[str, Any]:
+        if self.temperature <= 0:
+            return {"sampling_topk": 1}
+        return {"sampling_topk": SAMPLING_TOPK, "sampling_temperature": self.temperature}
+
     def _decode(self, ids: list[int]) -> str:
         with self._tokenizer_lock:
             text: str = self._tokenizer.decode(ids, skip_special_tokens=True)
@@ -202,11 +207,6 @@ class Ct2Llm(LocalLlm):
     ) -> Iterator[str]:
         if should_stop():
             return
-        sampling: dict[str, Any] = (
-            {"sampling_topk": 1}
-            if self.temperature <= 0
-            else {"sampling_topk": SAMPLING_TOPK, "sampling_temperature": self.temperature}
-        )
         static, prompt = self._prompt(messages, tools)
         steps = self._generator.generate_tokens(
             prompt,
@@ -217,7 +217,7 @@ class Ct2Llm(LocalLlm):
             # Runs in CTranslate2's worker before each next token: stops the model even while the
             # consumer is blocked elsewhere.
             callback=lambda _step: should_stop(),
-            **sampling,
+            **self._sampling(),
         )
         decoder = _IncrementalDecoder(self._decode)
         try:

@@ -29,7 +29,6 @@ from typing import Any
 
 from parley.engines.llm import (
     REPETITION_PENALTY,
-    SAMPLING_TOPK,
     Ct2Llm,
     LlmError,
     Message,
@@ -203,8 +202,3 @@ class BatchedCt2Llm(Ct2Llm):
             waited_s=round(max(started - r.asked_at for r in batch), 3),
             seconds=round(time.monotonic() - started, 3),
         )
-
-    def _sampling(self) -> dict[str, Any]:
-        if self.temperature <= 0:
-            return {"sampling_topk": 1}
-        return {"sampling_topk": SAMPLING_TOPK, "sampling_temperature": self.temperature}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -28,6 +29,18 @@ def flush_keeping(items: deque[T], keep: Callable[[T], bool]) -> list[T]:
     return dropped
 
 
+_LIVE: dict[str, weakref.WeakSet[StageQueue[object]]] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def _depth_of(stage: str) -> float:
+    """`parley_queue_depth{stage}`: items waiting in every live queue of a stage, counted when scraped.
+    Counting at each put and get instead took two locked gauge updates per audio frame per call."""
+    with _LIVE_LOCK:
+        queues = list(_LIVE.get(stage, ()))
+    return float(sum(len(q._items) for q in queues))
+
+
 class StageQueue(Generic[T]):
     """A thread-safe FIFO feeding one stage thread.
 
@@ -41,7 +54,11 @@ class StageQueue(Generic[T]):
         self._items: deque[T] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._depth = metrics.QUEUE_DEPTH.labels(stage=stage)
+        with _LIVE_LOCK:
+            if stage not in _LIVE:
+                _LIVE[stage] = weakref.WeakSet()
+                metrics.QUEUE_DEPTH.labels(stage=stage).set_function(lambda: _depth_of(stage))
+            _LIVE[stage].add(self)  # type: ignore[arg-type]
 
     def put(self, item: T) -> bool:
         """Add an item; False (and nothing added) once the queue is closed. Never blocks."""
@@ -50,10 +67,8 @@ class StageQueue(Generic[T]):
                 return False
             if self.maxsize > 0 and len(self._items) >= self.maxsize:
                 self._items.popleft()
-                self._depth.dec()
                 metrics.FRAMES_DROPPED_TOTAL.labels(reason=f"{self.stage}_queue_full").inc()
             self._items.append(item)
-            self._depth.inc()
             self._cond.notify()
             return True
 
@@ -63,7 +78,6 @@ class StageQueue(Generic[T]):
             if not self._items and not self._closed:
                 self._cond.wait(timeout)
             if self._items:
-                self._depth.dec()
                 return self._items.popleft()
             if self._closed:
                 raise QueueClosed(self.stage)
@@ -72,9 +86,7 @@ class StageQueue(Generic[T]):
     def flush(self, keep: Callable[[T], bool] = lambda _: False) -> int:
         """Drop everything `keep` rejects; kept items stay in front, in order. Returns how many went."""
         with self._cond:
-            dropped = flush_keeping(self._items, keep)
-            self._depth.dec(len(dropped))
-            return len(dropped)
+            return len(flush_keeping(self._items, keep))
 
     def close(self) -> None:
         """Wake the reader; it gets QueueClosed. Items left are dropped with the call."""
@@ -82,7 +94,6 @@ class StageQueue(Generic[T]):
             if self._closed:
                 return
             self._closed = True
-            self._depth.dec(len(self._items))
             self._items.clear()
             self._cond.notify_all()
 

@@ -44,10 +44,12 @@ class OpusPackets:
         self._quiet_frames = TAIL_FRAMES + 1  # a call starts silent
         self.encoded = 0  # frames that needed the encoder (the rest were silence)
 
-    def packet(self, pcm: np.ndarray, pts: int) -> Packet[Stream]:
+    def packet(self, pcm: np.ndarray, pts: int, *, silent: bool | None = None) -> Packet[Stream]:
+        """The packet for one frame; `silent` when the caller knows it is digital silence (saves a pass)."""
         if pcm.size != FRAME_SAMPLES:
             raise ValueError(f"Opus frames hold {FRAME_SAMPLES} samples, not {pcm.size}")
-        self._quiet_frames = self._quiet_frames + 1 if not pcm.any() else 0
+        quiet = silent if silent is not None else not pcm.any()
+        self._quiet_frames = self._quiet_frames + 1 if quiet else 0
         data = SILENCE_PACKET if self._quiet_frames > TAIL_FRAMES else self._encode(pcm, pts)
         packet: Packet[Stream] = Packet(data)
         packet.pts = pts
