@@ -201,7 +201,13 @@ class Settings:
     )
     llm_api_key: str = field(default="", metadata=_opt("API key for --llm-url", "engines"))
     llm_endpoint_model: str = field(default="", metadata=_opt("model name sent to --llm-url", "engines"))
-    llm_workers: int = field(default=2, metadata=_opt("replies generated in parallel", "engines"))
+    llm_workers: int = field(
+        default=1,
+        metadata=_opt(
+            "LLM replicas, sharing the cores (1: every core for one batch, which later replies join)",
+            "engines",
+        ),
+    )
     llm_max_batch: int = field(
         default=8,
         metadata=_opt(

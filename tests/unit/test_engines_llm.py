@@ -18,6 +18,7 @@ from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
 from parley.engines.cache import llm_hf_source
 from parley.engines.endpoint import OpenAiLlm
 from parley.engines.llm import (
+    MAX_STATIC_PROMPTS,
     Ct2Llm,
     LlmError,
     Message,
@@ -31,6 +32,10 @@ from tests.unit.test_engines_speech import normalise
 HELLO: list[Message] = [
     {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
     {"role": "user", "content": "Hello, who are you?"},
+]
+BOOK: list[Message] = [
+    {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+    {"role": "user", "content": "Can you recommend a good book to read?"},
 ]
 ROME: list[Message] = [{"role": "user", "content": "Tell me about the history of Rome."}]
 ENGLISH = {
@@ -75,6 +80,7 @@ class CountingGenerator:
     def __init__(self, real: Any) -> None:
         self.real = real
         self.tokens = 0
+        self.batches: list[int] = []  # the size of each generate_batch
 
     def generate_tokens(self, prompt: list[str], **options: Any) -> Any:
         inner: Callable[[Any], bool] = options["callback"]
@@ -94,6 +100,7 @@ class CountingGenerator:
             return inner(step)
 
         options["callback"] = counting
+        self.batches.append(len(prompts))
         return self.real.generate_batch(prompts, **options)
 
 
@@ -235,6 +242,71 @@ def test_the_batched_engine_gives_each_of_several_callers_its_own_greedy_reply(
     assert isinstance(llm, BatchedCt2Llm) and llm.max_batch > 1
     assert together[1] == alone[1]  # the same words, whoever else was decoded alongside
     assert looks_english(together[0]), together[0]
+
+
+def test_a_reply_asked_for_while_another_is_decoded_joins_its_batch_at_the_next_token(
+    llm: Ct2Llm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert isinstance(llm, BatchedCt2Llm)
+    monkeypatch.setattr(llm, "max_tokens", 24)
+    alone = ["".join(llm.stream(p, never)) for p in (BOOK, HELLO)]
+    counting = CountingGenerator(llm._generator)
+    monkeypatch.setattr(llm, "_generator", counting)
+    first: list[str] = []
+    second: list[str] = []
+    third_token = threading.Event()
+    asked = 0.0
+    heard: list[float] = []
+
+    def late_caller() -> None:
+        nonlocal asked
+        third_token.wait(10)
+        asked = time.monotonic()
+        for delta in llm.stream(HELLO, never):
+            if not second:
+                heard.append(time.monotonic() - asked)
+            second.append(delta)
+
+    late = threading.Thread(target=late_caller)
+    late.start()
+    for delta in llm.stream(BOOK, never):
+        first.append(delta)
+        if len(first) == 3:
+            third_token.set()
+    late.join()
+
+    # The running reply stopped and went on beside the newcomer: a batch of one, then one of two.
+    assert counting.batches[:2] == [1, 2], counting.batches
+    # Both go on as replies (int8 decoding of a prompt and of a token one at a time round differently,
+    # so near-ties can tip either way, as they do between a reply alone and in a batch).
+    assert "".join(first[:3]) == "".join(alone[0])[: len("".join(first[:3]))]
+    assert looks_english("".join(first)) and looks_english("".join(second)), (first, second)
+    assert len("".join(first)) > len("".join(first[:3])) + 20  # it went on after the newcomer came
+    print(f"batches {counting.batches}; the late caller's first token after {heard[0]:.2f}s")
+
+
+def test_system_prompts_that_name_the_call_are_not_kept_by_ctranslate2_without_end(
+    llm: Ct2Llm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CTranslate2 never forgets a static prompt's state (~170 KB a token): an agent whose system prompt
+    # names the caller would grow the process with every call.
+    monkeypatch.setattr(llm, "_static_prompts", set())
+    statics = []
+    for caller in range(MAX_STATIC_PROMPTS + 3):
+        messages: list[Message] = [
+            {"role": "system", "content": f"You are the order desk. The caller is +4420794600{caller:02d}."},
+            {"role": "user", "content": "Hello?"},
+        ]
+        static, rest = llm._prompt(messages)
+        statics.append(static)
+        assert rest  # the turn itself is never static
+    assert all(statics[:MAX_STATIC_PROMPTS])
+    assert not any(statics[MAX_STATIC_PROMPTS:])  # computed with the turn instead
+    assert len(llm._static_prompts) == MAX_STATIC_PROMPTS
+    first: list[Message] = [
+        {"role": "system", "content": "You are the order desk. The caller is +442079460000."}
+    ]
+    assert llm._prompt([*first, {"role": "user", "content": "Again"}])[0] == statics[0]  # still cached
 
 
 # OpenAI-compatible endpoint, against a fake server on loopback.

@@ -18,6 +18,7 @@ from parley.config import Settings
 from parley.engines.cache import llm_ct2_dir, llm_hf_source
 from parley.engines.device import cpu_threads, resolve_device
 from parley.engines.toolcalls import CLOSE_TAG, OPEN_TAG, TaggedToolCalls, ToolCall
+from parley.log import event
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,11 @@ Message = dict[str, Any]  # OpenAI chat format: role, content, and tool_calls / 
 REPETITION_PENALTY = 1.2  # without it the small default model repeats itself until max_tokens
 SAMPLING_TOPK = 40
 ENDPOINT_TIMEOUT_S = 30.0
+# CTranslate2 keeps the state of every static prompt it is given for the generator's life, ~170 KB per
+# token here (measured: 150 distinct ~180-token prompts grew the process by 5.4 GB). A system prompt that
+# names the call (an agent's {caller}, {call_id}, {now}) is a new one each call: only the first few
+# distinct system prompts are cached, the rest are computed with the turn (~30 ms more a reply).
+MAX_STATIC_PROMPTS = 4
 
 
 Tools = list[dict[str, Any]]  # OpenAI `tools` (type function, with a JSON Schema of parameters)
@@ -168,6 +174,7 @@ class Ct2Llm(LocalLlm):
         self._end_ids = {vocab[t] for t in self._end_tokens}
         # Tool-call tags are added tokens that decoding with skip_special_tokens would drop: pass them on.
         self._tag_ids = {vocab[t]: t for t in (OPEN_TAG, CLOSE_TAG) if t in vocab}
+        self._static_prompts: set[tuple[int, ...]] = set()
 
     def _prompt(self, messages: list[Message], tools: Tools | None = None) -> tuple[list[str], list[str]]:
         """(static prompt, the rest): the system message's tokens, when the prompt starts with them.
@@ -187,10 +194,22 @@ class Ct2Llm(LocalLlm):
                         messages[:1], tools=tools, add_generation_prompt=False
                     )
                 )
-                if ids[: len(static)] != static or len(static) == len(ids):
+                if ids[: len(static)] != static or len(static) == len(ids) or not self._cacheable(static):
                     static = []
             tokens: list[str] = self._tokenizer.convert_ids_to_tokens(ids)
         return tokens[: len(static)], tokens[len(static) :]
+
+    def _cacheable(self, static: list[int]) -> bool:
+        """Whether CTranslate2 may keep this static prompt's state (bounded: it never forgets one)."""
+        key = tuple(static)
+        if key in self._static_prompts:
+            return True
+        if len(self._static_prompts) >= MAX_STATIC_PROMPTS:
+            return False
+        self._static_prompts.add(key)
+        if len(self._static_prompts) == MAX_STATIC_PROMPTS:
+            event(log, "static_prompts_full", logging.INFO, cached=MAX_STATIC_PROMPTS)
+        return True
 
     def _sampling(self) -> dict[str, Any]:
         if self.temperature <= 0:

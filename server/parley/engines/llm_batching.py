@@ -7,8 +7,12 @@ the third caller of three asking at once waits for a whole reply. Here each repl
 every reply waiting when it is free (up to `max_batch`, sharing the same system prompt) and decodes them
 as one batch, streaming each one's tokens to its caller through the step callback.
 
-CTranslate2 cannot add a sequence to a batch already running, so a reply asked for meanwhile waits for
-a free replica; replies are short (a sentence or two, stopped by the LLM stage), which bounds that wait.
+CTranslate2 cannot add a sequence to a batch already running. A reply asked for while every replica is
+busy does not wait for a whole batch: the running replies stop at their next token and go on together
+with it, each from its prompt plus what it has said so far. So one
+replica with every core serves both the lone caller (measured here: first token 0.27 s with two threads
+against 0.46 s with two one-thread replicas, a whole reply 2.0 s against 3.2 s) and the caller who asks
+while another is being answered.
 
 A reply's `should_stop` may block (the LLM stage waits there for its first audio, so that TTS gets the
 CPU): with other replies in the batch it is called on the caller's thread, never in the step callback,
@@ -40,7 +44,11 @@ from parley.log import event
 log = logging.getLogger(__name__)
 
 GATHER_S = 0.01  # a free replica waits this long for more replies asked at the same moment
-POLL_S = 0.05  # how often a caller waiting for its next token checks whether it should stop
+POLL_S = 0.05
+# A newcomer joins a running batch only while the running replies' prompts (read again when they go on)
+# are short: reading a prompt costs ~5 ms a token on 2 cores, a decoding step ~80 ms, so re-reading up to
+# this many tokens stalls the batch for less than the newcomer would wait for it to end (a reply: 2-3 s).
+REJOIN_MAX_TOKENS = 384  # how often a caller waiting for its next token checks whether it should stop
 
 _DONE = object()
 
@@ -50,8 +58,10 @@ class _Request:
     prompt: list[str]
     static: tuple[str, ...]
     should_stop: Callable[[], bool]
+    budget: int  # tokens it may still say
     steps: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
     stopped: bool = False  # read by the step callback: the caller is gone or told to stop
+    said: list[int] = field(default_factory=list)  # token ids decoded so far
     asked_at: float = field(default_factory=time.monotonic)
 
 
@@ -63,7 +73,7 @@ class BatchedCt2Llm(Ct2Llm):
         model_dir: Path,
         *,
         device: str = "cpu",
-        workers: int = 2,
+        workers: int = 1,
         max_tokens: int = 80,
         temperature: float = 0.0,
         max_batch: int = 8,
@@ -75,6 +85,7 @@ class BatchedCt2Llm(Ct2Llm):
         self._condition = threading.Condition()
         self._waiting: deque[_Request] = deque()
         self._closed = False
+        self._busy = 0  # replicas decoding a batch
         self._threads = [
             threading.Thread(target=self._serve, name=f"llm-batch-{i}", daemon=True)
             for i in range(max(1, workers))
@@ -90,7 +101,7 @@ class BatchedCt2Llm(Ct2Llm):
         if should_stop():
             return
         static, prompt = self._prompt(messages, tools)
-        request = _Request(prompt, tuple(static), should_stop)
+        request = _Request(prompt, tuple(static), should_stop, self.max_tokens)
         with self._condition:
             if self._closed:
                 raise LlmError("the LLM engine is closed")
@@ -136,7 +147,9 @@ class BatchedCt2Llm(Ct2Llm):
             batch = self._next_batch()
             if batch is None:
                 return
-            self._run(batch)
+            going_on = self._run(batch)
+            while going_on:
+                going_on = self._run(going_on)
 
     def _next_batch(self) -> list[_Request] | None:
         """The replies to decode together: the oldest waiting and those sharing its system prompt."""
@@ -153,24 +166,63 @@ class BatchedCt2Llm(Ct2Llm):
                     return None
                 if self._waiting:  # another replica may have taken them while this one gathered
                     break
-            static = self._waiting[0].static
-            batch = [r for r in self._waiting if r.static == static][: self.max_batch]
-            for request in batch:
-                self._waiting.remove(request)
+            self._busy += 1
+            batch = self._take(self._waiting[0].static, self.max_batch)
             if self._waiting:
                 self._condition.notify()  # the rest are another replica's
         return [r for r in batch if not r.stopped]
 
-    def _run(self, batch: list[_Request]) -> None:
+    def _take(self, static: tuple[str, ...], room: int) -> list[_Request]:
+        """Up to `room` waiting replies that share `static`, oldest first; the condition's lock is held."""
+        taken = [r for r in self._waiting if r.static == static][:room]
+        for request in taken:
+            self._waiting.remove(request)
+        return taken
+
+    def _worth_joining(self, batch: list[_Request]) -> bool:
+        """A reply waits that could join this batch, no other replica is free to take it, and the
+        running replies are cheap to go on with."""
+        if sum(len(r.prompt) + len(r.said) for r in batch) > REJOIN_MAX_TOKENS:
+            return False
+        static = batch[0].static
+        with self._condition:
+            if self._busy < len(self._threads):
+                return False
+            return any(r.static == static and not r.stopped for r in self._waiting)
+
+    def _run(self, batch: list[_Request]) -> list[_Request]:
+        """Decode `batch`; returns the batch to go on with (newcomers joined) or [] when it is done.
+
+        CTranslate2 cannot add a sequence to a running batch, so when a reply is asked for meanwhile, the
+        running replies stop at their next token and go on, with the newcomer, as a new batch whose
+        prompts end with what each has said so far: the newcomer waits one token, not a whole reply.
+        """
+        batch = [r for r in batch if not r.stopped and r.budget > 0]
         if not batch:
-            return
+            self._release()
+            return []
         alone = len(batch) == 1
+        static = batch[0].static
+        rejoin = False
+        room = len(batch) < self.max_batch
+
+        first_at = 0.0
 
         def on_step(step: Any) -> bool:
+            nonlocal rejoin, first_at
+            first_at = first_at or time.monotonic()
             request = batch[step.batch_id]
             if request.stopped:
                 return True
+            request.said.append(step.token_id)
+            request.budget -= 1
             request.steps.put(step.token_id)
+            if step.token_id in self._end_ids or request.budget <= 0:
+                request.budget = 0
+                return True
+            if rejoin or (room and self._waiting and self._worth_joining(batch)):
+                rejoin = True
+                return True
             # Alone in its batch, a reply may hold its replica (to leave the CPU to its first audio), as
             # Ct2Llm does; in company, that wait happens on its caller's thread instead.
             return alone and request.should_stop()
@@ -178,9 +230,9 @@ class BatchedCt2Llm(Ct2Llm):
         started = time.monotonic()
         try:
             self._generator.generate_batch(
-                [r.prompt for r in batch],
-                static_prompt=list(batch[0].static) or None,
-                max_length=self.max_tokens,
+                [r.prompt + self._pieces(r.said) for r in batch],
+                static_prompt=list(static) or None,
+                max_length=max(r.budget for r in batch),
                 repetition_penalty=REPETITION_PENALTY,
                 end_token=self._end_tokens or None,
                 include_prompt_in_result=False,
@@ -191,14 +243,40 @@ class BatchedCt2Llm(Ct2Llm):
             log.exception("llm_batch_failed")
             for request in batch:
                 request.steps.put(exc)
-            return
-        for request in batch:
-            request.steps.put(_DONE)
+            self._release()
+            return []
         event(
             log,
             "llm_batch",
             logging.DEBUG,
             size=len(batch),
+            static_tokens=len(static),
+            prompt_tokens=max(len(r.prompt) + len(r.said) for r in batch),
+            first_token_s=round(first_at - started, 3) if first_at else None,
             waited_s=round(max(started - r.asked_at for r in batch), 3),
             seconds=round(time.monotonic() - started, 3),
+            rejoined=rejoin,
         )
+        going_on = [r for r in batch if rejoin and not r.stopped and r.budget > 0]
+        for request in batch:
+            if request not in going_on:
+                request.steps.put(_DONE)
+        if not rejoin:
+            self._release()
+            return []
+        with self._condition:
+            going_on += self._take(static, self.max_batch - len(going_on))
+            if not going_on:  # the newcomer hung up meanwhile, and the rest had finished
+                self._busy -= 1
+        return going_on
+
+    def _release(self) -> None:
+        with self._condition:
+            self._busy -= 1
+
+    def _pieces(self, ids: list[int]) -> list[str]:
+        if not ids:
+            return []
+        with self._tokenizer_lock:
+            pieces: list[str] = self._tokenizer.convert_ids_to_tokens(ids)
+        return pieces
