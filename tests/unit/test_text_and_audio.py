@@ -83,6 +83,32 @@ def test_prompt_holds_earlier_turns_as_heard_and_a_newer_revision_replaces_the_t
     assert states == {"greeting": "committed", "t1": "interrupted", "t2": "pending"}
 
 
+def test_for_a_server_that_caches_prefixes_each_prompt_begins_with_the_previous_one() -> None:
+    sliding, stable = Conversation("Be brief.", max_turns_in_prompt=3), Conversation("Be brief.", 3)
+    previous: dict[bool, list[dict[str, str]]] = {}
+    kept_whole = {False: 0, True: 0}
+    for conversation in (sliding, stable):
+        conversation.commit_agent("greeting", "Hello!", interrupted=False)
+    for n in range(1, 13):
+        for is_stable, conversation in ((False, sliding), (True, stable)):
+            conversation.set_user_text(f"t{n}", 0, f"question {n}")
+            prompt = conversation.messages_for(f"t{n}", stable_prefix=is_stable)
+            earlier_turns = sum(m["role"] == "assistant" for m in prompt)
+            if is_stable:
+                assert 3 <= earlier_turns <= 5 or n < 3, (n, prompt)
+            else:
+                assert earlier_turns == min(n, 3)
+            assert prompt[-1] == {"role": "user", "content": f"question {n}"}
+            last = previous.get(is_stable)
+            if last is not None and prompt[: len(last)] == last:
+                kept_whole[is_stable] += 1
+            previous[is_stable] = prompt
+            conversation.commit_agent(f"t{n}", f"answer {n}", interrupted=False)
+    # 11 prompts after the first: the stable window moves every third turn; the sliding one every turn
+    # once it is full.
+    assert kept_whole == {False: 2, True: 8}
+
+
 def test_a_first_sentence_without_a_comma_is_spoken_from_its_first_phrase_break() -> None:
     def pieces_of(reply: str) -> list[str]:
         segmenter = ReplySegmenter()

@@ -26,6 +26,10 @@ class OpenAiLlm:
     The standard library only: this runs in a stage thread, not on the event loop.
     """
 
+    # Such servers keep the prompts they computed and reuse a new prompt's known beginning: the history
+    # is windowed so that each prompt begins with the previous one.
+    reuses_prefixes = True
+
     def __init__(
         self,
         url: str,

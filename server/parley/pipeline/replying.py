@@ -91,9 +91,10 @@ class LlmStage(Stage[Transcript]):
         assert tag.turn_id is not None
         reply = _Reply(self, response)
         offered = [spec.as_openai() for spec in self.tools().values()] or None
+        stable = getattr(self.llm, "reuses_prefixes", False)
         try:
             for round_number in range(MAX_TOOL_ROUNDS + 1):
-                messages = self.ctx.conversation.messages_for(tag.turn_id)
+                messages = self.ctx.conversation.messages_for(tag.turn_id, stable_prefix=stable)
                 last_round = round_number == MAX_TOOL_ROUNDS
                 calls = reply.stream(messages, None if last_round else offered)
                 if not calls or self.ctx.is_stale(tag):
