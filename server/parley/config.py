@@ -227,7 +227,12 @@ class Settings:
     greeting: str = field(
         default=DEFAULT_GREETING, metadata=_opt("said at call start ('' for none)", "agent")
     )
-    history_turns: int = field(default=3, metadata=_opt("past turns sent to the LLM", "agent"))
+    history_turns: int = field(
+        default=3,
+        metadata=_opt(
+            "past turns sent to the LLM (to an endpoint: N to 2N-1, so that its prompt cache serves)", "agent"
+        ),
+    )
     yield_to_tts_ms: int = field(
         default=400,
         metadata=_opt(

@@ -9,6 +9,7 @@ parser raises RecursionError, not ValueError, on deep nesting).
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,24 +76,31 @@ class MessageGuard:
     """Size and rate limits on a stream of messages from one peer (a data channel).
 
     `admit` answers None for a message to handle, or why it is refused ("too_big", "rate"). A peer that
-    keeps sending over the limit is `flooding`: its channel is worth closing, not just ignoring.
+    keeps sending over the limit is `flooding`: its channel is worth closing, not just ignoring. Refusals
+    are counted over a window, not in a row: a peer sending 100 messages a second against a limit of 10
+    has one admitted every tenth of a second, and would never be refused 200 times in a row.
     """
 
-    FLOOD_AFTER = 200  # refusals in a row
+    FLOOD_AFTER = 200  # refusals within FLOOD_WINDOW_S
+    FLOOD_WINDOW_S = 10.0
 
     def __init__(self, max_bytes: int, per_s: float, now: float) -> None:
         self.max_bytes = max_bytes
         self._bucket = TokenBucket(per_s, max(1, int(2 * per_s)), now)
-        self._refused_in_a_row = 0
+        self._refusals: deque[float] = deque(maxlen=self.FLOOD_AFTER)
+        self._now = now
 
     def admit(self, size: int, now: float) -> str | None:
+        self._now = now
         if size > self.max_bytes:
             reason: str | None = "too_big"
         else:
             reason = "rate" if self._bucket.take(now) > 0 else None
-        self._refused_in_a_row = self._refused_in_a_row + 1 if reason else 0
+        if reason:
+            self._refusals.append(now)
         return reason
 
     @property
     def flooding(self) -> bool:
-        return self._refused_in_a_row >= self.FLOOD_AFTER
+        refusals = self._refusals
+        return len(refusals) == self.FLOOD_AFTER and self._now - refusals[0] <= self.FLOOD_WINDOW_S

@@ -18,6 +18,7 @@ from parley import metrics
 from parley.app import REGISTRY, RUNTIME, create_app
 from parley.bench.service import free_port, metric_value
 from parley.config import Settings
+from parley.limits import MessageGuard
 from parley.ratelimit import SourceLimiter, TokenBucket, forwarded_source, networks, source_key
 from parley.transports.base import open_call
 from tests.doubles import make_engines
@@ -49,6 +50,26 @@ def test_a_token_bucket_allows_a_burst_then_its_rate() -> None:
     assert [bucket.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
     assert bucket.take(0.0) == pytest.approx(0.5)
     assert bucket.take(0.5) == 0.0 and bucket.take(0.5) > 0
+
+
+def test_a_peer_that_keeps_sending_faster_than_allowed_is_flooding_though_some_messages_get_in() -> None:
+    # 100 messages a second against 10 allowed: one in ten is admitted, so refusals never come 200 in a
+    # row; within ten seconds they reach 200 all the same.
+    guard = MessageGuard(max_bytes=512, per_s=10, now=0.0)
+    admitted, flooding_at = 0, None
+    for n in range(1000):
+        now = n / 100
+        admitted += guard.admit(20, now) is None
+        if flooding_at is None and guard.flooding:
+            flooding_at = now
+    assert flooding_at is not None and flooding_at < 3.0, flooding_at
+    assert admitted > 20  # the burst and then the rate got through
+    # A page within its limit, or one burst over it now and then, is never flooding.
+    calm = MessageGuard(max_bytes=512, per_s=10, now=0.0)
+    for second in range(60):
+        for k in range(25):  # a burst of 25 each second: 5 refused
+            calm.admit(20, second + k / 1000)
+        assert not calm.flooding
 
 
 def test_sources_are_counted_per_address_ipv6_per_64_and_the_exempt_are_spared() -> None:
