@@ -166,8 +166,14 @@ async def test_a_forged_webhook_is_refused_and_a_signed_call_streams() -> None:
 
 @pytest.fixture
 def roomy_service(tmp_path: Path) -> Iterator[Service]:
-    """A service of its own that takes 20 calls (the shared one takes the default 16)."""
-    with Service(["--max-calls", "24"], log_path=tmp_path / "parley.log") as service:
+    """A service of its own that takes 20 calls (the shared one takes the default 16).
+
+    Twenty questions at the same instant are several times what 2 cores answer with the default
+    Qwen2.5-0.5B (its last replies came after the 20 s engine deadline, as apologies): what this tests
+    is that every stream gets its own reply, so the replies come from the packaged SmolLM2-135M, and
+    the deadline allows for the queue."""
+    args = ["--max-calls", "24", "--llm-model", "smollm2-135m", "--engine-timeout-s", "60"]
+    with Service(args, log_path=tmp_path / "parley.log") as service:
         yield service
 
 
