@@ -87,11 +87,9 @@ class MessageGuard:
     def __init__(self, max_bytes: int, per_s: float, now: float) -> None:
         self.max_bytes = max_bytes
         self._bucket = TokenBucket(per_s, max(1, int(2 * per_s)), now)
-        self._refusals: deque[float] = deque(maxlen=self.FLOOD_AFTER)
-        self._now = now
+        self._refusals: deque[float] = deque(maxlen=self.FLOOD_AFTER)  # when the last ones were
 
     def admit(self, size: int, now: float) -> str | None:
-        self._now = now
         if size > self.max_bytes:
             reason: str | None = "too_big"
         else:
@@ -102,5 +100,6 @@ class MessageGuard:
 
     @property
     def flooding(self) -> bool:
+        """The last FLOOD_AFTER refusals came within FLOOD_WINDOW_S (asked right after a refusal)."""
         refusals = self._refusals
-        return len(refusals) == self.FLOOD_AFTER and self._now - refusals[0] <= self.FLOOD_WINDOW_S
+        return len(refusals) == self.FLOOD_AFTER and refusals[-1] - refusals[0] <= self.FLOOD_WINDOW_S

@@ -28,7 +28,7 @@ from parley.bench import percentiles, progress
 from parley.bench.common import add_transport_arguments, caller_for, service_for
 from parley.bench.corpus import INTERRUPTIONS, NOT_INTERRUPTIONS, PAUSED_QUESTIONS, STORY_PROMPTS, Sound
 from parley.bench.listening import Ears
-from parley.bench.service import metric_value
+from parley.bench.service import metric_value, speculation_counts
 from parley.bench.speech import espeak, join, silence_ms, trim
 
 NAME = "interruption"
@@ -68,9 +68,12 @@ class Counters:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/") + "/metrics"
 
-    def _read(self) -> dict[str, float]:
+    def _text(self) -> str:
         with urllib.request.urlopen(self.url, timeout=10) as r:
-            text = r.read().decode()
+            return str(r.read().decode())
+
+    def _read(self) -> dict[str, float]:
+        text = self._text()
         return {key: metric_value(text, name) for key, name in COUNTERS.items()}
 
     async def read(self) -> dict[str, float]:
@@ -78,12 +81,7 @@ class Counters:
 
     def speculation(self) -> dict[str, str]:
         """Replies started at a pause over the whole run: used (the turn ended there), or wasted."""
-        with urllib.request.urlopen(self.url, timeout=10) as r:
-            text = r.read().decode()
-        used, wasted = (
-            metric_value(text, "parley_speculative_replies_total", {"outcome": o}) for o in ("used", "wasted")
-        )
-        return {"speculative replies used / wasted (whole run)": f"{used:.0f} / {wasted:.0f}"}
+        return {"speculative replies used / wasted (whole run)": speculation_counts(self._text())}
 
 
 async def _reply_playing(caller: Ears, prompt: str) -> float:

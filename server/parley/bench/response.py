@@ -17,7 +17,7 @@ from typing import Any
 from parley.bench import percentiles, progress
 from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for
 from parley.bench.cpu import cpu_seconds, rss_mb
-from parley.bench.service import Service, metric_value
+from parley.bench.service import Service, speculation_counts
 from parley.bench.speech import espeak, trim
 
 NAME = "response"
@@ -100,12 +100,7 @@ async def measure(
     if setup_s is not None:
         summary["call set-up: INVITE -> 200 OK (s)"] = round(setup_s, 4)
     if service is not None:
-        text = service.metrics_text()
-        used, wasted = (
-            metric_value(text, "parley_speculative_replies_total", {"outcome": outcome})
-            for outcome in ("used", "wasted")
-        )
-        summary["speculative replies used / wasted"] = f"{used:.0f} / {wasted:.0f}"
+        summary["speculative replies used / wasted"] = speculation_counts(service.metrics_text())
     if cpu is not None:
         summary["server cpu per call (% of a core)"] = round(100 * cpu / wall, 1)
         summary["server rss MB (idle -> in call)"] = f"{idle_rss:.0f} -> {call_rss:.0f}"

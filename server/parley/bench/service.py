@@ -107,6 +107,15 @@ class Service:
         self.stop()
 
 
+def speculation_counts(text: str) -> str:
+    """`parley_speculative_replies_total` as "used / wasted": replies started at the caller's pause that
+    the turn ended at, and those the caller went on past."""
+    used, wasted = (
+        metric_value(text, "parley_speculative_replies_total", {"outcome": o}) for o in ("used", "wasted")
+    )
+    return f"{used:.0f} / {wasted:.0f}"
+
+
 def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
     """Sum of a metric's samples in Prometheus text that carry the given labels."""
     total = 0.0

@@ -38,6 +38,9 @@ Tools = list[dict[str, Any]]  # OpenAI `tools` (type function, with a JSON Schem
 
 
 class LlmEngine(Protocol):
+    """An engine may also say `reuses_prefixes = True` (a server that caches prompt prefixes): the LLM
+    stage then windows the history so that each prompt begins with the previous one."""
+
     def stream(
         self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
     ) -> Iterator[str | ToolCall]:

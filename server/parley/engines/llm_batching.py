@@ -9,10 +9,9 @@ as one batch, streaming each one's tokens to its caller through the step callbac
 
 CTranslate2 cannot add a sequence to a batch already running. A reply asked for while every replica is
 busy does not wait for a whole batch: the running replies stop at their next token and go on together
-with it, each from its prompt plus what it has said so far. So one
-replica with every core serves both the lone caller (measured here: first token 0.27 s with two threads
-against 0.46 s with two one-thread replicas, a whole reply 2.0 s against 3.2 s) and the caller who asks
-while another is being answered.
+with it, each from its prompt plus what it has said so far. So one replica with every core serves both
+the lone caller (measured here: first token 0.27 s with two threads against 0.46 s with two one-thread
+replicas, a whole reply 2.0 s against 3.2 s) and the caller who asks while another is being answered.
 
 A reply's `should_stop` may block (the LLM stage waits there for its first audio, so that TTS gets the
 CPU): with other replies in the batch it is called on the caller's thread, never in the step callback,
@@ -44,11 +43,11 @@ from parley.log import event
 log = logging.getLogger(__name__)
 
 GATHER_S = 0.01  # a free replica waits this long for more replies asked at the same moment
-POLL_S = 0.05
+POLL_S = 0.05  # how often a caller waiting for its next token checks whether it should stop
 # A newcomer joins a running batch only while the running replies' prompts (read again when they go on)
 # are short: reading a prompt costs ~5 ms a token on 2 cores, a decoding step ~80 ms, so re-reading up to
 # this many tokens stalls the batch for less than the newcomer would wait for it to end (a reply: 2-3 s).
-REJOIN_MAX_TOKENS = 384  # how often a caller waiting for its next token checks whether it should stop
+REJOIN_MAX_TOKENS = 384
 
 _DONE = object()
 
@@ -58,10 +57,10 @@ class _Request:
     prompt: list[str]
     static: tuple[str, ...]
     should_stop: Callable[[], bool]
-    budget: int  # tokens it may still say
     steps: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
     stopped: bool = False  # read by the step callback: the caller is gone or told to stop
     said: list[int] = field(default_factory=list)  # token ids decoded so far
+    finished: bool = False  # it said its end token, or max_tokens of them
     asked_at: float = field(default_factory=time.monotonic)
 
 
@@ -101,7 +100,7 @@ class BatchedCt2Llm(Ct2Llm):
         if should_stop():
             return
         static, prompt = self._prompt(messages, tools)
-        request = _Request(prompt, tuple(static), should_stop, self.max_tokens)
+        request = _Request(prompt, tuple(static), should_stop)
         with self._condition:
             if self._closed:
                 raise LlmError("the LLM engine is closed")
@@ -144,12 +143,15 @@ class BatchedCt2Llm(Ct2Llm):
 
     def _serve(self) -> None:
         while True:
-            batch = self._next_batch()
+            batch = self._next_batch()  # counts this replica busy
             if batch is None:
                 return
-            going_on = self._run(batch)
-            while going_on:
-                going_on = self._run(going_on)
+            try:
+                while batch:
+                    batch = self._run(batch)
+            finally:
+                with self._condition:
+                    self._busy -= 1
 
     def _next_batch(self) -> list[_Request] | None:
         """The replies to decode together: the oldest waiting and those sharing its system prompt."""
@@ -197,9 +199,8 @@ class BatchedCt2Llm(Ct2Llm):
         running replies stop at their next token and go on, with the newcomer, as a new batch whose
         prompts end with what each has said so far: the newcomer waits one token, not a whole reply.
         """
-        batch = [r for r in batch if not r.stopped and r.budget > 0]
+        batch = [r for r in batch if not r.stopped and not r.finished]
         if not batch:
-            self._release()
             return []
         alone = len(batch) == 1
         static = batch[0].static
@@ -215,10 +216,9 @@ class BatchedCt2Llm(Ct2Llm):
             if request.stopped:
                 return True
             request.said.append(step.token_id)
-            request.budget -= 1
             request.steps.put(step.token_id)
-            if step.token_id in self._end_ids or request.budget <= 0:
-                request.budget = 0
+            if step.token_id in self._end_ids or len(request.said) >= self.max_tokens:
+                request.finished = True
                 return True
             if rejoin or (room and self._waiting and self._worth_joining(batch)):
                 rejoin = True
@@ -232,7 +232,7 @@ class BatchedCt2Llm(Ct2Llm):
             self._generator.generate_batch(
                 [r.prompt + self._pieces(r.said) for r in batch],
                 static_prompt=list(static) or None,
-                max_length=max(r.budget for r in batch),
+                max_length=max(self.max_tokens - len(r.said) for r in batch),
                 repetition_penalty=REPETITION_PENALTY,
                 end_token=self._end_tokens or None,
                 include_prompt_in_result=False,
@@ -243,7 +243,6 @@ class BatchedCt2Llm(Ct2Llm):
             log.exception("llm_batch_failed")
             for request in batch:
                 request.steps.put(exc)
-            self._release()
             return []
         event(
             log,
@@ -257,22 +256,14 @@ class BatchedCt2Llm(Ct2Llm):
             seconds=round(time.monotonic() - started, 3),
             rejoined=rejoin,
         )
-        going_on = [r for r in batch if rejoin and not r.stopped and r.budget > 0]
+        going_on = [r for r in batch if not r.stopped and not r.finished] if rejoin else []
         for request in batch:
             if request not in going_on:
                 request.steps.put(_DONE)
-        if not rejoin:
-            self._release()
-            return []
-        with self._condition:
-            going_on += self._take(static, self.max_batch - len(going_on))
-            if not going_on:  # the newcomer hung up meanwhile, and the rest had finished
-                self._busy -= 1
+        if rejoin:
+            with self._condition:
+                going_on += self._take(static, self.max_batch - len(going_on))
         return going_on
-
-    def _release(self) -> None:
-        with self._condition:
-            self._busy -= 1
 
     def _pieces(self, ids: list[int]) -> list[str]:
         if not ids:
