@@ -754,3 +754,35 @@ async def test_a_cancel_in_the_same_tcp_segment_as_its_invite_leaves_no_call(sta
     await asyncio.sleep(1.0)
     assert [r.status for r in wire.responses(method="INVITE", call_id=d.call_id) if r.status >= 200] == [487]
     assert await agent.active_ids() == []
+
+
+async def test_a_chosen_port_busy_for_tcp_is_passed_over_for_one_free_for_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Port 0 lets the kernel choose the UDP port; the same number may already be a TCP connection's
+    # local port (the 100-call churn met it: "address already in use"). The endpoint takes another.
+    from parley.transports.sip import endpoint as module
+
+    real_start_server = asyncio.start_server
+    refused: list[int] = []
+
+    async def busy_once(handler: Any, host: str, port: int) -> asyncio.Server:
+        if not refused:
+            refused.append(port)
+            raise OSError(98, f"error while attempting to bind on address ({host!r}, {port}): address in use")
+        return await real_start_server(handler, host, port)
+
+    monkeypatch.setattr(module.asyncio, "start_server", busy_once)
+    sip = module.SipEndpoint(lambda message, peer: None)
+    await sip.start(LOCAL, 0)
+    try:
+        assert refused and sip.port not in refused
+        with socket.create_connection((LOCAL, sip.port), timeout=2):
+            pass  # TCP listens at the UDP port
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.bind((LOCAL, refused[0]))  # the first UDP socket was let go
+        finally:
+            probe.close()
+    finally:
+        await sip.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[SipRequest | SipResponse, Peer], None]
 TCP_IDLE_S = 300.0  # a TCP connection with no message for this long is closed (RFC 5626 keeps alive)
 MAX_TCP_CONNECTIONS = 1024
+PORT_ATTEMPTS = 20  # port 0: free UDP ports tried until TCP is free at the same number
 
 
 class SipEndpoint:
@@ -45,11 +47,23 @@ class SipEndpoint:
         self.port = 0
 
     async def start(self, host: str, port: int) -> None:
+        """Listen on UDP and TCP at one port; port 0 takes a free one for both."""
         loop = asyncio.get_running_loop()
-        self._udp, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(self), local_addr=(host, port))
-        sockname = self._udp.get_extra_info("sockname")
-        self.host, self.port = host, int(sockname[1])
-        self._tcp_server = await asyncio.start_server(self._serve_connection, host, self.port)
+        for attempt in range(PORT_ATTEMPTS):
+            self._udp, _ = await loop.create_datagram_endpoint(
+                lambda: _Datagrams(self), local_addr=(host, port)
+            )
+            sockname = self._udp.get_extra_info("sockname")
+            self.host, self.port = host, int(sockname[1])
+            try:
+                self._tcp_server = await asyncio.start_server(self._serve_connection, host, self.port)
+                return
+            except OSError as exc:
+                # The port the kernel chose for UDP may be a TCP connection's local port already.
+                self._udp.close()
+                self._udp = None
+                if port != 0 or exc.errno != errno.EADDRINUSE or attempt == PORT_ATTEMPTS - 1:
+                    raise
 
     async def close(self) -> None:
         if self._udp is not None:
