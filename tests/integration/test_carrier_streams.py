@@ -51,7 +51,9 @@ async def test_a_phone_caller_asks_and_hears_a_spoken_reply(service: Service, wh
         first_media = await phone.wait_for_audio(after=spoken_end, timeout=30)
         arrived = phone.first_media_after(spoken_end)
         done = await phone.wait_for_event("agent_done", timeout=60, after=asked)
-        silent_at = await phone.wait_for_silence(after=first_media, hold_s=0.6)
+        # agent_done comes once the reply's last mark was echoed, i.e. after all of it played; a slow
+        # machine may pause between its first piece and the next, so silence counts only from then.
+        silent_at = await phone.wait_for_silence(after=time.monotonic(), hold_s=0.6)
         heard = whisper.transcribe(phone.audio_between(first_media - 0.2, silent_at + 0.2)).text
         assert arrived is not None
         print(f"\nend of question -> first reply media: {arrived - spoken_end:.3f} s")

@@ -62,13 +62,17 @@ def test_text_without_words_gives_no_audio(tts: PhraseCache) -> None:
 
 
 def test_whisper_hears_what_piper_said(tts: PhraseCache, whisper: SttEngine) -> None:
-    # Piper varies its timing from run to run (noise in the duration model): try it twice.
-    for _ in range(2):
-        audio = resample(
-            np.concatenate(list(tts.synthesize(DEFAULT_GREETING))), tts.sample_rate, PIPELINE_RATE
-        )
-
-        assert normalise(whisper.transcribe(audio).text) == normalise(DEFAULT_GREETING)
+    # Piper varies its timing from run to run (noise in the duration model), and Whisper base now and
+    # then mishears one take ("how can I" -> "I can't"): three fresh takes (past the phrase cache, which
+    # would replay the first), one must be heard word for word.
+    heard = []
+    for _ in range(3):
+        take = np.concatenate(list(tts.engine.synthesize(DEFAULT_GREETING)))
+        audio = resample(take, tts.sample_rate, PIPELINE_RATE)
+        heard.append(normalise(whisper.transcribe(audio).text))
+        if heard[-1] == normalise(DEFAULT_GREETING):
+            return
+    pytest.fail(f"Whisper never heard the greeting: {heard}")
 
 
 def test_concurrent_callers_all_get_whole_audio(tts: PhraseCache) -> None:
