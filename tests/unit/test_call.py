@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -119,6 +120,29 @@ def test_a_pause_inside_the_grace_window_gives_one_reply(call_and_line) -> None:
     transcripts = [e for e in line.events if e["type"] == "user_transcript"]
     assert transcripts[-1]["revision"] == 1
     assert len([e for e in line.events if e["type"] == "agent_done"]) == 1
+
+
+def test_a_slow_model_after_a_short_first_sentence_leaves_no_dead_air() -> None:
+    # "Sure, that is easy." plays for 0.8 s; the next sentence takes the model 1.6 s. Spoken as a whole
+    # sentence it would leave 0.8 s of silence; cut early as the audio runs dry, it follows at once.
+    rest = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen."
+    llm = ScriptedLlm(reply=f"Sure, that is easy. {rest}", token_s=0.1)
+    settings = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=300)
+    call = Call("c-dry", "test", settings, make_engines(llm=llm, stt=ScriptedStt()), outbound_rate=RATE)
+    line = Line(call)
+    call.start()
+    line.start()
+    try:
+        line.say(np.concatenate([loud(800), quiet(500)]))
+        line.wait(lambda: line.event("agent_done") is not None)
+        sounding = [t for t, sound in line.heard if sound]
+        longest_gap = max(b - a for a, b in itertools.pairwise(sounding))
+        assert longest_gap < 0.4, f"{longest_gap:.2f} s of silence inside the reply"
+        assert line.event("agent_done")["text"].endswith("sixteen.")  # type: ignore[index]
+    finally:
+        line.stop()
+        call.end("test_over")
+        assert call.join(5.0)
 
 
 def test_ending_the_call_stops_every_thread() -> None:

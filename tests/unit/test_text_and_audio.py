@@ -124,3 +124,37 @@ def test_a_first_sentence_without_a_comma_is_spoken_from_its_first_phrase_break(
     ]
     assert pieces_of("Water boils at 100 degrees Celsius.") == ["Water boils at 100 degrees Celsius."]
     assert pieces_of("The inside of the island is green.") == ["The inside of the island", "is green."]
+
+
+def test_running_dry_a_later_piece_is_cut_at_its_first_break_or_after_a_few_words() -> None:
+    def pieces_of(reply: str, dry_at: int) -> list[str]:
+        """Streamed word by word; from word `dry_at` the audio ahead is about to run out, until the next
+        piece goes to TTS (whose audio is then ahead)."""
+        segmenter = ReplySegmenter()
+        pieces: list[str] = []
+        for i, word in enumerate(reply.split(" ")):
+            hurry = i >= dry_at and len(pieces) == 1
+            pieces += segmenter.push(word + " ", hurry=hurry)
+        return pieces + segmenter.flush()
+
+    reply = "Sure! To make a cup of tea, boil the water and pour it over the leaves in a warm pot."
+    whole = "To make a cup of tea, boil the water and pour it over the leaves in a warm pot."
+    assert pieces_of(reply, dry_at=99) == ["Sure!", whole]
+    assert pieces_of(reply, dry_at=1) == ["Sure!", "To make a cup of tea,", whole[22:]]
+    # No comma: before a phrase opener four words in, as for a first piece.
+    assert pieces_of("Sure! The water should be hot when you pour it.", dry_at=1) == [
+        "Sure!",
+        "The water should be hot",
+        "when you pour it.",
+    ]
+    # No break at all: once six words are in, before the last phrase opener, or else at the last word.
+    assert pieces_of("Sure! One two three four five six seven.", dry_at=1) == [
+        "Sure!",
+        "One two three four five six",
+        "seven.",
+    ]
+    assert pieces_of("Sure! One two three and five six seven.", dry_at=1) == [
+        "Sure!",
+        "One two three",
+        "and five six seven.",
+    ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 from collections import deque
@@ -185,6 +186,16 @@ class Ears:
             elif t > start + within_s:
                 return 0.0
         return None if gap_start is not None else 0.0
+
+    def longest_pause_between(self, start: float, end: float) -> float:
+        """The longest silence between two stretches of reply audio heard in [start, end): dead air inside a
+        reply (Piper leaves ~0.2 s between sentences)."""
+        sounding = [
+            t
+            for t, lv in zip(self.heard.times, self.heard.levels, strict=False)
+            if start <= t < end and lv > SPEECH_DBFS
+        ]
+        return max((b - a for a, b in itertools.pairwise(sounding)), default=0.0)
 
     def speech_seconds_between(self, start: float, end: float) -> float:
         frames = sum(

@@ -1,8 +1,9 @@
 """Response latency: from the end of the caller's question to the first reply audio at the caller.
 
 One call; the caller waits for the greeting, then asks N questions (espeak-ng speech), one after the
-other, each once the previous reply has finished. Also reports the server's own per-stage timings and,
-when it started the service itself, the service's CPU use per call and memory.
+other, each once the previous reply has finished. Also reports the longest pause inside each reply
+(dead air while the model writes the next piece), the server's own per-stage timings and, when it
+started the service itself, the service's CPU use per call and memory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from parley.bench.speech import espeak, trim
 
 NAME = "response"
 HELP = "end of the caller's speech -> first reply audio at the caller"
+DEAD_AIR_S = 0.5  # a pause inside a reply longer than this sounds like the agent lost its thread
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,14 +77,22 @@ async def measure(
             await asyncio.sleep(0.5)
             _, spoken_end = await caller.say(clip)
             heard_at = await caller.wait_for_audio(after=spoken_end, timeout=20)
-            done_at = await caller.wait_for_silence(after=heard_at, hold_s=1.2, timeout=60)
+            # The reply ends when the service says so (after its last audio went out), so that a long
+            # pause inside it is measured as one, not taken for its end.
+            await caller.wait_for_event("agent_done", timeout=60, after=spoken_end)
+            done_at = await caller.wait_for_silence(after=time.monotonic(), hold_s=0.3, timeout=30)
             server = await caller.wait_for_event("latency", timeout=5, after=spoken_end)
-            progress(f"question {i + 1}/{len(clips)}: reply audio after {heard_at - spoken_end:.3f} s")
+            pause = caller.longest_pause_between(heard_at, done_at)
+            progress(
+                f"question {i + 1}/{len(clips)}: reply audio after {heard_at - spoken_end:.3f} s, "
+                f"longest pause inside it {pause:.2f} s"
+            )
             rows.append(
                 {
                     "question": QUESTIONS[i % len(QUESTIONS)],
                     "response_s": round(heard_at - spoken_end, 4),
                     "reply_s": round(done_at - heard_at, 2),
+                    "longest_pause_s": round(pause, 3),
                     "server": server,
                 }
             )
@@ -95,7 +105,12 @@ async def measure(
         key: percentiles([r["server"][key] for r in rows if r["server"].get(key) is not None])
         for key in ("stt_s", "llm_first_token_s", "tts_first_audio_s", "response_s")
     }
-    summary: dict[str, Any] = {"response_s (caller)": percentiles(latencies)}
+    pauses = [r["longest_pause_s"] for r in rows]
+    summary: dict[str, Any] = {
+        "response_s (caller)": percentiles(latencies),
+        "longest pause inside a reply (s)": percentiles(pauses),
+        f"replies with a pause over {DEAD_AIR_S} s": f"{sum(p > DEAD_AIR_S for p in pauses)}/{len(pauses)}",
+    }
     summary.update({f"server {k}": v for k, v in stage.items()})
     if setup_s is not None:
         summary["call set-up: INVITE -> 200 OK (s)"] = round(setup_s, 4)

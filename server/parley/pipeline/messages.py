@@ -37,6 +37,9 @@ class Response:
     first_audio_at: float | None = None
     marks: dict[str, float] = field(default_factory=dict)  # milestone -> monotonic time, first time only
     audio_ready: threading.Event = field(default_factory=threading.Event)  # its first audio is synthesised
+    pieces_sent: int = 0  # text pieces given to TTS (by the LLM stage)
+    pieces_spoken: int = 0  # of those, synthesised to their end (by the TTS stage)
+    audio_s: float = 0.0  # seconds of audio synthesised so far
     played_segments: list[str] = field(default_factory=list)
     partial_segment: str = ""  # the segment being played when the reply was cut, with the share heard
     ended: bool = False
@@ -55,6 +58,13 @@ class Response:
         if self.speech_end is None:
             return {}
         return {name: round(at - self.speech_end, 3) for name, at in self.marks.items()}
+
+    def runs_dry_within(self, seconds: float) -> bool:
+        """Whether the audio synthesised so far will have played out within `seconds`, nothing more being
+        on its way through TTS: the LLM stage then cuts its next piece early. False before it plays."""
+        if self.first_audio_at is None or self.pieces_spoken < self.pieces_sent:
+            return False
+        return time.monotonic() + seconds >= self.first_audio_at + self.audio_s
 
     def heard_text(self) -> str:
         return " ".join(s for s in [*self.played_segments, self.partial_segment] if s).strip()

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 MAX_TOOL_ROUNDS = 3  # model -> tools -> model ... : a model that keeps asking is stopped here
 WAIT_SLICE_S = 0.05
+# A piece is cut early when the reply's audio would otherwise play out within this: about what Piper
+# takes for a few words on this CPU (0.15-0.3 s), so the next piece is ready as the last one ends.
+HURRY_S = 0.4
 
 
 class ReplyContext(StageContext, Protocol):
@@ -185,7 +188,10 @@ class LlmStage(Stage[Transcript]):
                 return held
             if not held and agent.hold_phrase and time.monotonic() >= hold_at:
                 held = True
-                self.outbox.put(ReplyText(response, render(agent.hold_phrase, self.reply_ctx.variables())))
+                phrase = render(agent.hold_phrase, self.reply_ctx.variables())
+                if phrase:
+                    response.pieces_sent += 1
+                    self.outbox.put(ReplyText(response, phrase))
             concurrent.futures.wait([future], timeout=WAIT_SLICE_S)
         return held
 
@@ -236,7 +242,8 @@ class _Reply:
                 self.response.mark("tool_call")
                 calls.append(delta)
                 continue
-            for piece in self.segmenter.push(delta):
+            hurry = self.response.runs_dry_within(HURRY_S)
+            for piece in self.segmenter.push(delta, hurry=hurry):
                 self.put(piece)
             if self.over():
                 break
@@ -246,6 +253,7 @@ class _Reply:
         if self.sentences_left <= 0:
             return
         self.response.mark("first_piece")
+        self.response.pieces_sent += 1
         self.stage.outbox.put(ReplyText(self.response, piece))
         self.sentences_left -= ends_sentence(piece)
 

@@ -5,6 +5,11 @@ boundary once a few words are in, or, in a sentence without one, before the firs
 phrase once four words are in ("The capital of France | is Paris."); later pieces are sentences, which
 sound better. The phrase break costs a little prosody and saves the rest of the sentence's tokens: with
 Qwen2.5-0.5B on 2 cores (26 tokens/s), most plain answers are one 6-20 word sentence with no comma.
+
+A later piece is cut early too when the audio ahead of it is about to run out (`hurry`): after a short
+first piece ("Sure!") a whole 20-word sentence takes the model 1-2 s here, which the caller would hear
+as dead air; it gets the first piece's breaks, and failing those, once `HURRY_WORDS` words are in, the
+last phrase opener or the last word.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ PHRASE_OPENERS = frozenset((
 ))  # fmt: skip
 _WORD = re.compile(r"\S+(?=\s)")
 LONG_PIECE_WORDS = 28
+HURRY_WORDS = 6  # running dry with no break in sight: this many words go out as they are
 
 
 def split_sentences(text: str) -> list[str]:
@@ -51,14 +57,16 @@ class ReplySegmenter:
         self._buffer = ""
         self._pieces_out = 0
 
-    def push(self, delta: str) -> list[str]:
-        """Add streamed text; return the pieces now complete."""
+    def push(self, delta: str, *, hurry: bool = False) -> list[str]:
+        """Add streamed text; return the pieces now complete. `hurry`: the audio already spoken is about
+        to run out, so the next piece ends at the first break there is, as the first piece does."""
         self._buffer += delta
         pieces: list[str] = []
         while True:
-            cut = self._find_cut()
+            cut = self._find_cut(hurry)
             if cut is None:
                 break
+            hurry = False
             piece = clean_for_speech(self._buffer[:cut])
             self._buffer = self._buffer[cut:]
             if piece:
@@ -71,8 +79,8 @@ class ReplySegmenter:
         self._buffer = ""
         return [piece] if piece else []
 
-    def _find_cut(self) -> int | None:
-        if self._pieces_out == 0:
+    def _find_cut(self, hurry: bool) -> int | None:
+        if self._pieces_out == 0 or hurry:
             for boundary in _BOUNDARY.finditer(self._buffer):
                 end = boundary.end()
                 if boundary.group("sentence") or len(self._buffer[:end].split()) >= FIRST_PIECE_MIN_WORDS:
@@ -80,6 +88,8 @@ class ReplySegmenter:
             phrase = self._phrase_break()
             if phrase is not None:
                 return phrase
+            if hurry and self._pieces_out > 0:
+                return self._hurried_cut()
         else:
             sentence = _SENTENCE_END.search(self._buffer)
             if sentence is not None:
@@ -88,6 +98,15 @@ class ReplySegmenter:
         if len(words) > LONG_PIECE_WORDS and self._buffer[-1:].isspace():
             return len(self._buffer)
         return None
+
+    def _hurried_cut(self) -> int | None:
+        """No break yet, and the audio is running dry: once `HURRY_WORDS` words are in, before the last
+        phrase opener (three words in or later), or else after the last whole word."""
+        words = list(_WORD.finditer(self._buffer))
+        if len(words) < HURRY_WORDS:
+            return None
+        openers = [w.start() for w in words[FIRST_PIECE_MIN_WORDS:] if w.group().lower() in PHRASE_OPENERS]
+        return openers[-1] if openers else words[-1].end()
 
     def _phrase_break(self) -> int | None:
         """Where the first phrase opener (a whole word, four words in or later) begins, if any."""

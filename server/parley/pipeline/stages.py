@@ -324,8 +324,12 @@ class TtsStage(Stage[ReplyText]):
 
     def handle(self, item: ReplyText) -> None:
         response = item.response
-        if item.text and not self.ctx.is_stale(response.tag):
-            self._speak(response, item.text)
+        if item.text:
+            try:
+                if not self.ctx.is_stale(response.tag):
+                    self._speak(response, item.text)
+            finally:
+                response.pieces_spoken += 1
         if item.final:
             # The marker goes out even for a stale reply: the sender uses it to close the books on it.
             self.outbound.push(EndOfResponse(response))
@@ -354,6 +358,7 @@ class TtsStage(Stage[ReplyText]):
                 response.tts_first_audio_s = time.monotonic() - started
                 metrics.STAGE_LATENCY.labels(stage="tts_first_audio").observe(response.tts_first_audio_s)
             audio = resample(pcm, self.tts.sample_rate, self.outbound.rate)
+            response.audio_s += audio.size / self.outbound.rate
             self.outbound.push(AudioChunk(response, audio, text if first else ""))
             first = False
 
