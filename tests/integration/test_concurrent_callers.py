@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
+
+import pytest
+
 from parley.bench import calls
 from parley.bench.service import Service
 
 
-async def test_three_simultaneous_callers_each_get_the_reply_to_their_own_question(service: Service) -> None:
-    results = await calls.measure(service.base_url, callers=3, rounds=1)
+@pytest.mark.parametrize("transport", ["webrtc", "sip"])
+async def test_three_simultaneous_callers_each_get_the_reply_to_their_own_question(
+    service: Service, transport: str
+) -> None:
+    how = argparse.Namespace(transport=transport, sip_uri="")
+    results = await calls.measure(service.base_url, callers=3, rounds=1, service=service, args=how)
     rows = [r for caller in results["callers"] for r in caller["rounds"]]
     assert len(rows) == 3
     for row in rows:
-        assert row["transcript_overlap"] >= 0.6, row
+        # Over SIP the question reaches Whisper as 8 kHz audio, which costs it a word now and then.
+        assert row["transcript_overlap"] >= (0.6 if transport == "webrtc" else 0.5), row
         assert row["right_turn"] and row["reply"], row
     assert len({caller["call_id"] for caller in results["callers"]}) == 3
+    for caller in results["callers"]:
+        assert service.get_json(f"/api/calls/{caller['call_id']}")["transport"] == transport

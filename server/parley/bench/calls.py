@@ -1,7 +1,9 @@
 """Simultaneous callers: N callers ask different questions at the same moment.
 
 Checks that every caller got its own question transcribed and a reply to it (not another caller's),
-and reports each caller's response latency, plus the service's CPU use while the calls ran.
+and reports each caller's response latency, plus the service's CPU use while the calls ran. The callers
+run on the same machine as the service: over WebRTC (aiortc) they take a good share of a small CPU,
+over SIP (`--transport sip`) far less, which shows more nearly what the service alone does.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import time
 from typing import Any
 
 from parley.bench import percentiles, progress
-from parley.bench.caller import Caller
-from parley.bench.common import QUESTIONS, service_for
+from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for
 from parley.bench.cpu import cpu_seconds, rss_mb
+from parley.bench.service import Service, speculation_counts
 from parley.bench.speech import espeak, trim
 
 NAME = "calls"
@@ -24,6 +26,7 @@ HELP = "N simultaneous callers: right replies, latency, CPU per call"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--callers", type=int, default=3, help="simultaneous callers (default 3)")
     parser.add_argument("--rounds", type=int, default=2, help="questions each caller asks (default 2)")
+    add_transport_arguments(parser)
 
 
 def words(text: str) -> set[str]:
@@ -35,9 +38,16 @@ def word_overlap(heard: str, said: str) -> float:
     return len(words(heard) & words(said)) / max(1, len(words(said)))
 
 
-async def _one_caller(url: str, index: int, rounds: int, together: asyncio.Barrier) -> dict[str, Any]:
+async def _one_caller(
+    args: argparse.Namespace,
+    url: str,
+    service: Service | None,
+    index: int,
+    rounds: int,
+    together: asyncio.Barrier,
+) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
-    async with Caller(url) as caller:
+    async with caller_for(args, url, service) as caller:
         await caller.wait_for_event("agent_done", timeout=60, turn_id="greeting")
         for round_no in range(rounds):
             question = QUESTIONS[(index + round_no * 3) % len(QUESTIONS)]
@@ -67,14 +77,27 @@ async def _one_caller(url: str, index: int, rounds: int, together: asyncio.Barri
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with service_for(args) as (url, service):
-        pid = service.process.pid if service and service.process else None
-        return await measure(url, args.callers, args.rounds, pid)
+        results = await measure(url, args.callers, args.rounds, service, args)
+    results["summary"]["transport"] = args.transport
+    return results
 
 
-async def measure(url: str, callers: int, rounds: int, pid: int | None = None) -> dict[str, Any]:
+async def measure(
+    url: str,
+    callers: int,
+    rounds: int,
+    service: Service | None = None,
+    args: argparse.Namespace | None = None,
+) -> dict[str, Any]:
+    """`args`: the transport to call over (default WebRTC); `service`: the one started here, if any, for
+    its CPU use and (over SIP) its address."""
+    args = args or argparse.Namespace(transport="webrtc", sip_uri="")
+    pid = service.process.pid if service and service.process else None
     together = asyncio.Barrier(callers)
     cpu0, wall0 = (cpu_seconds(pid) if pid else 0.0), time.monotonic()
-    per_caller = await asyncio.gather(*(_one_caller(url, i, rounds, together) for i in range(callers)))
+    per_caller = await asyncio.gather(
+        *(_one_caller(args, url, service, i, rounds, together) for i in range(callers))
+    )
     wall = time.monotonic() - wall0
     rows = [r for c in per_caller for r in c["rounds"]]
     right = [r for r in rows if r["transcript_overlap"] >= 0.6 and r["reply"] and r["right_turn"]]
@@ -85,6 +108,8 @@ async def measure(url: str, callers: int, rounds: int, pid: int | None = None) -
     }
     for stage in ("stt_s", "llm_first_token_s", "tts_first_audio_s"):
         summary[f"server {stage}"] = percentiles([r["server"][stage] for r in rows if r["server"].get(stage)])
+    if service is not None:
+        summary["speculative replies used / wasted"] = speculation_counts(service.metrics_text())
     if pid:
         summary["server cpu per call (% of a core)"] = round(
             100 * (cpu_seconds(pid) - cpu0) / wall / callers, 1
