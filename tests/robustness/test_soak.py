@@ -29,7 +29,11 @@ from tests.robustness.live import LoopThread
 from tests.robustness.test_leaks import Usage, one_call, wait_until
 
 SOAK_S = float(os.environ.get("SOAK_S", "180"))
-ANSWER_BOUND_S = 12.0  # a generous bound on 2 shared cores: the p50 is ~2 s for one caller
+# A bound that says the service is not wedged, not how fast it is (`parley bench` measures that): on 2
+# cores the three held calls now and then ask at once while a short aiortc call churns beside them, and
+# with Qwen2.5-0.5B such a question waited 9-11 s (three runs on 2026-12-01; p50 ~4 s), past the 12 s
+# this was once, now and then.
+ANSWER_BOUND_S = 25.0
 BAD_REQUESTS = [
     ("POST", "/offer", b"{not json", "application/json"),
     (
