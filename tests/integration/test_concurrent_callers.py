@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from parley.bench import calls
@@ -14,8 +12,7 @@ from parley.bench.service import Service
 async def test_three_simultaneous_callers_each_get_the_reply_to_their_own_question(
     service: Service, transport: str
 ) -> None:
-    how = argparse.Namespace(transport=transport, sip_uri="")
-    results = await calls.measure(service.base_url, callers=3, rounds=1, service=service, args=how)
+    results = await calls.measure(service.base_url, callers=3, rounds=1, service=service, transport=transport)
     rows = [r for caller in results["callers"] for r in caller["rounds"]]
     assert len(rows) == 3
     for row in rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -72,18 +73,27 @@ class Line:
         self._puller.join()
 
 
+@contextlib.contextmanager
+def on_a_line(call: Call) -> Iterator[Line]:
+    """The call started with a line playing its transport; both stopped, and the call joined, after."""
+    line = Line(call)
+    call.start()
+    line.start()
+    try:
+        yield line
+    finally:
+        line.stop()
+        call.end("test_over")
+        assert call.join(5.0)
+
+
 @pytest.fixture
 def call_and_line() -> Iterator[tuple[Call, Line]]:
     settings = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=300)
     engines = make_engines(llm=ScriptedLlm(token_s=0.02), stt=ScriptedStt())
     call = Call("c-test", "test", settings, engines, outbound_rate=RATE)
-    line = Line(call)
-    call.start()
-    line.start()
-    yield call, line
-    line.stop()
-    call.end("test_over")
-    assert call.join(5.0)
+    with on_a_line(call) as line:
+        yield call, line
 
 
 def test_the_caller_speaks_and_hears_a_reply(call_and_line) -> None:  # type: ignore[no-untyped-def]
@@ -129,20 +139,13 @@ def test_a_slow_model_after_a_short_first_sentence_leaves_no_dead_air() -> None:
     llm = ScriptedLlm(reply=f"Sure, that is easy. {rest}", token_s=0.1)
     settings = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=300)
     call = Call("c-dry", "test", settings, make_engines(llm=llm, stt=ScriptedStt()), outbound_rate=RATE)
-    line = Line(call)
-    call.start()
-    line.start()
-    try:
+    with on_a_line(call) as line:
         line.say(np.concatenate([loud(800), quiet(500)]))
         line.wait(lambda: line.event("agent_done") is not None)
         sounding = [t for t, sound in line.heard if sound]
         longest_gap = max(b - a for a, b in itertools.pairwise(sounding))
         assert longest_gap < 0.4, f"{longest_gap:.2f} s of silence inside the reply"
         assert line.event("agent_done")["text"].endswith("sixteen.")  # type: ignore[index]
-    finally:
-        line.stop()
-        call.end("test_over")
-        assert call.join(5.0)
 
 
 def test_ending_the_call_stops_every_thread() -> None:
@@ -162,26 +165,16 @@ def test_a_turn_is_transcribed_ahead_at_its_last_pause_and_not_again() -> None:
     stt = ScriptedStt()
     settings = Settings(greeting="", early_stt_ms=64, end_of_turn_ms=300)
     call = Call("c-early", "test", settings, make_engines(stt=stt), outbound_rate=RATE)
-    line = Line(call)
-    call.start()
-    line.start()
-    try:
+    with on_a_line(call) as line:
         line.say(np.concatenate([loud(800), quiet(600)]))
         line.wait(lambda: line.event("user_transcript") is not None)
         assert len(stt.calls) == 1  # the early transcription served the end of the turn
-    finally:
-        line.stop()
-        call.end("test_over")
-        assert call.join(5.0)
 
 
 def test_a_greeting_cut_in_its_second_sentence_keeps_only_what_was_heard() -> None:
     settings = Settings(greeting="One two three. Four five six seven eight nine.")
     call = Call("c-cut", "test", settings, make_engines(), outbound_rate=RATE)
-    line = Line(call)
-    call.start()
-    line.start()
-    try:
+    with on_a_line(call) as line:
         line.wait(line.playing)
         time.sleep(0.9)  # the first sentence (0.6 s) is over, the second has begun
         line.say(loud(1000))
@@ -189,10 +182,6 @@ def test_a_greeting_cut_in_its_second_sentence_keeps_only_what_was_heard() -> No
         done = line.event("agent_done", interrupted=True)
         assert done is not None
         assert done["text"].startswith("One two three.") and "nine" not in done["text"]
-    finally:
-        line.stop()
-        call.end("test_over")
-        assert call.join(5.0)
 
 
 def test_the_transport_hears_of_a_barge_in_flush(call_and_line) -> None:  # type: ignore[no-untyped-def]

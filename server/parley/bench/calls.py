@@ -77,7 +77,7 @@ async def _one_caller(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with service_for(args) as (url, service):
-        results = await measure(url, args.callers, args.rounds, service, args)
+        results = await measure(url, args.callers, args.rounds, service, args.transport, args.sip_uri)
     results["summary"]["transport"] = args.transport
     return results
 
@@ -87,11 +87,11 @@ async def measure(
     callers: int,
     rounds: int,
     service: Service | None = None,
-    args: argparse.Namespace | None = None,
+    transport: str = "webrtc",
+    sip_uri: str = "",
 ) -> dict[str, Any]:
-    """`args`: the transport to call over (default WebRTC); `service`: the one started here, if any, for
-    its CPU use and (over SIP) its address."""
-    args = args or argparse.Namespace(transport="webrtc", sip_uri="")
+    """`service`: the one started here, if any, for its CPU use and (over SIP) its address."""
+    args = argparse.Namespace(transport=transport, sip_uri=sip_uri)  # what `caller_for` reads
     pid = service.process.pid if service and service.process else None
     together = asyncio.Barrier(callers)
     cpu0, wall0 = (cpu_seconds(pid) if pid else 0.0), time.monotonic()

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import random
 import time
-import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -28,7 +27,7 @@ from parley.bench import percentiles, progress
 from parley.bench.common import add_transport_arguments, caller_for, service_for
 from parley.bench.corpus import INTERRUPTIONS, NOT_INTERRUPTIONS, PAUSED_QUESTIONS, STORY_PROMPTS, Sound
 from parley.bench.listening import Ears
-from parley.bench.service import metric_value, speculation_counts
+from parley.bench.service import metric_value, metrics_text, speculation_counts
 from parley.bench.speech import espeak, join, silence_ms, trim
 
 NAME = "interruption"
@@ -66,14 +65,10 @@ class Counters:
     """The service's barge-in counters, read from /metrics around each trial."""
 
     def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/") + "/metrics"
-
-    def _text(self) -> str:
-        with urllib.request.urlopen(self.url, timeout=10) as r:
-            return str(r.read().decode())
+        self.url = url
 
     def _read(self) -> dict[str, float]:
-        text = self._text()
+        text = metrics_text(self.url)
         return {key: metric_value(text, name) for key, name in COUNTERS.items()}
 
     async def read(self) -> dict[str, float]:
@@ -81,7 +76,7 @@ class Counters:
 
     def speculation(self) -> dict[str, str]:
         """Replies started at a pause over the whole run: used (the turn ended there), or wasted."""
-        return {"speculative replies used / wasted (whole run)": speculation_counts(self._text())}
+        return {"speculative replies used / wasted (whole run)": speculation_counts(metrics_text(self.url))}
 
 
 async def _reply_playing(caller: Ears, prompt: str) -> float:

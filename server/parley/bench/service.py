@@ -81,8 +81,7 @@ class Service:
             return json.loads(r.read())
 
     def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=10) as r:
-            return str(r.read().decode())
+        return metrics_text(self.base_url)
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM (a clean shutdown: calls ended, threads joined), then SIGKILL if it hangs."""
@@ -105,6 +104,12 @@ class Service:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def metrics_text(base_url: str) -> str:
+    """A service's /metrics, as Prometheus text."""
+    with urllib.request.urlopen(f"{base_url.rstrip('/')}/metrics", timeout=10) as r:
+        return str(r.read().decode())
 
 
 def speculation_counts(text: str) -> str:

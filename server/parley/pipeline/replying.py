@@ -188,12 +188,15 @@ class LlmStage(Stage[Transcript]):
                 return held
             if not held and agent.hold_phrase and time.monotonic() >= hold_at:
                 held = True
-                phrase = render(agent.hold_phrase, self.reply_ctx.variables())
-                if phrase:
-                    response.pieces_sent += 1
-                    self.outbox.put(ReplyText(response, phrase))
+                self.speak(response, render(agent.hold_phrase, self.reply_ctx.variables()))
             concurrent.futures.wait([future], timeout=WAIT_SLICE_S)
         return held
+
+    def speak(self, response: Response, text: str) -> None:
+        """Hand a piece of `response` to TTS, counted so that the reply knows what is still on its way."""
+        if text:
+            response.pieces_sent += 1
+            self.outbox.put(ReplyText(response, text))
 
     def _record(self, response: Response, result: ToolResult) -> None:
         """On the tool's worker, before its future resolves: the next round's prompt sees the result."""
@@ -253,8 +256,7 @@ class _Reply:
         if self.sentences_left <= 0:
             return
         self.response.mark("first_piece")
-        self.response.pieces_sent += 1
-        self.stage.outbox.put(ReplyText(self.response, piece))
+        self.stage.speak(self.response, piece)
         self.sentences_left -= ends_sentence(piece)
 
     def flush(self) -> None:
