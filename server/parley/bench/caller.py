@@ -22,8 +22,9 @@ from aiortc import (
     RTCSessionDescription,
 )
 
-from parley.audio import rms_dbfs
+from parley.audio import StreamResampler, rms_dbfs
 from parley.bench.listening import CallFailed, Ears, Mouth, Playback
+from parley.transports.opus_inbound import DECODE_RATE, InlineDecoding, decode_inline
 from parley.transports.webrtc import (
     WEBRTC_RATE,
     PacedAudioTrack,
@@ -66,12 +67,13 @@ class Caller(Ears):
         self.jitter_frames = jitter_frames
         self.token = token
         configure_ice(ice_addresses)
-        super().__init__(WEBRTC_RATE)
+        super().__init__(DECODE_RATE)  # the reply as heard: decoded to 16 kHz as it arrives
         self.mic = MicTrack()
         self.call_id = ""
         self.pc: RTCPeerConnection | None = None
         self.channel: RTCDataChannel | None = None  # the page's data channel ("events")
         self._reader: asyncio.Task[None] | None = None
+        self._resampler: StreamResampler | None = None
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -130,14 +132,24 @@ class Caller(Ears):
     # listening
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
+        # As the service does (transports/opus_inbound.py): many callers share the service's cores here.
+        if track.kind != "audio" or self.pc is None:
+            return
+        if not decode_inline(self.pc, track, InlineDecoding(self._hear, lambda: None)):
             self._reader = asyncio.ensure_future(self._read(track))
 
     async def _read(self, track: MediaStreamTrack) -> None:
-        async for _, pcm in audio_frames(track):
-            self.heard.times.append(time.monotonic())
-            self.heard.levels.append(rms_dbfs(pcm))
-            self.heard.pcm.append(pcm)
+        async for rate, pcm in audio_frames(track):
+            self._hear(pcm, rate)
+
+    def _hear(self, pcm: np.ndarray, rate: int) -> None:
+        if rate != self.rate:
+            if self._resampler is None or self._resampler.rate_in != rate:
+                self._resampler = StreamResampler(rate, self.rate)
+            pcm = self._resampler.process(pcm)
+        self.heard.times.append(time.monotonic())
+        self.heard.levels.append(rms_dbfs(pcm))
+        self.heard.pcm.append(pcm)
 
     def _on_message(self, message: str | bytes) -> None:
         with contextlib.suppress(ValueError):

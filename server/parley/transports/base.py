@@ -71,6 +71,10 @@ class LineControl:
         self._loop = loop
         self._hang_up = hang_up
 
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
     def hang_up(self, reason: str) -> None:
         self._loop.call_soon_threadsafe(self._hang_up, reason)
 

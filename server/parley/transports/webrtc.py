@@ -45,6 +45,7 @@ from parley.log import event
 from parley.outbound import Outbound
 from parley.transports.base import Connect, FrameClock, HangUp, LineActionFailed
 from parley.transports.line import keypad_digits, transfer_destination
+from parley.transports.opus_inbound import InlineDecoding, decode_inline
 from parley.transports.opus_packets import OPUS_RATE, OpusPackets, first_audio_codec
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,7 @@ class WebRtcPeer:
         self._closed = False
         self._heard_track = False
         self._audio_at = 0.0  # when the caller's last audio frame arrived (monotonic), 0 before the first
+        self.inbound: InlineDecoding | None = None  # the caller's audio, decoded as it arrives
         settings = call.settings
         self._inbound = MessageGuard(
             settings.max_dc_message_bytes, settings.max_dc_messages_per_s, time.monotonic()
@@ -285,17 +287,32 @@ class WebRtcPeer:
         return bool(self.pc.connectionState == "connected")
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio" and not self._heard_track:  # one caller: one audio track is heard
-            self._heard_track = True
-            self._spawn(self._pump_inbound(track))
-
-    async def _pump_inbound(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio" or self._heard_track:  # one caller: one audio track is heard
+            return
+        self._heard_track = True
         settings = self.call.settings
         if settings.media_timeout_s:
             self._spawn(self._watch_media(settings.media_timeout_s, settings.connect_timeout_s))
+        self.inbound = InlineDecoding(self._heard, self._track_ends)
+        if not decode_inline(self.pc, track, self.inbound):
+            self.inbound = None
+            self._spawn(self._pump_inbound(track))
+
+    def _heard(self, mono: np.ndarray, rate: int) -> None:
+        self._audio_at = time.monotonic()
+        self.call.push_audio(mono, rate)
+
+    async def _pump_inbound(self, track: MediaStreamTrack) -> None:
+        """The track's frames as aiortc decodes them, where its decoder could not be replaced."""
         async for rate, mono in audio_frames(track):
-            self._audio_at = time.monotonic()
-            self.call.push_audio(mono, rate)
+            self._heard(mono, rate)
+        self._track_ended()
+
+    def _track_ends(self) -> None:
+        # Told from within aiortc's receiver stop: acted on once that is through.
+        self._loop.call_soon(self._track_ended)
+
+    def _track_ended(self) -> None:
         if not self._closed:
             self._on_gone("hangup")
 

@@ -1,0 +1,198 @@
+"""The caller's voice decoded on the event loop, straight to 16 kHz mono, as aiortc's jitter buffer
+releases each frame.
+
+Profiled with py-spy under `parley bench capacity --callers 10`: aiortc hands every received 20 ms frame
+to a decoder thread of its own (a queue, a wake-up), which decodes it to 48 kHz stereo and hands it
+back through `run_coroutine_threadsafe` (a future, a wake-up of the event loop, a task); then the call
+took one channel and resampled it to 16 kHz. Here the receiver's decoder queue is replaced by one that
+decodes at once, on the event loop where the frame was put, with libopus asked for 16 kHz mono (it
+decodes at any of its rates for the same cost: ~40 us a frame), and hands the samples to the call.
+aiortc's decoder thread is still started, and waits, idle, until the receiver stops: the end of the
+stream is told as before.
+
+libopus is called through ctypes: PyAV's wheel ships it (and FFmpeg's wrapper always decodes to 48 kHz).
+Where it cannot be found, and for other codecs (G.711, G.722), aiortc's own decoder runs, inline too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from aiortc import RTCPeerConnection
+from aiortc.codecs import get_decoder
+from aiortc.jitterbuffer import JitterFrame
+from aiortc.mediastreams import MediaStreamTrack
+from av import AudioFrame
+
+from parley.audio import first_channel
+from parley.log import event
+
+log = logging.getLogger(__name__)
+
+DECODE_RATE = 16000
+MAX_FRAME_SAMPLES = DECODE_RATE * 120 // 1000  # Opus packets hold at most 120 ms
+_QUEUE = "_RTCRtpReceiver__decoder_queue"
+_THREAD = "_RTCRtpReceiver__decoder_thread"
+
+Deliver = Callable[[np.ndarray, int], None]  # (mono int16 samples, their rate)
+
+
+def _find_libopus() -> ctypes.CDLL | None:
+    import av
+
+    package = os.path.dirname(av.__file__)
+    bundled = glob.glob(os.path.join(package, os.pardir, "av.libs", "libopus*.so*"))
+    bundled += glob.glob(os.path.join(package, ".dylibs", "libopus*.dylib"))
+    system = ctypes.util.find_library("opus")
+    for path in [*sorted(bundled), *([system] if system else [])]:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        lib.opus_decoder_create.restype = ctypes.c_void_p
+        lib.opus_decoder_create.argtypes = [ctypes.c_int32, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        lib.opus_decode.restype = ctypes.c_int
+        lib.opus_decode.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
+        lib.opus_decoder_destroy.restype = None
+        lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
+        return lib
+    return None
+
+
+_LIBOPUS: ctypes.CDLL | None = None
+_LIBOPUS_LOOKED = False
+_LIBOPUS_LOCK = threading.Lock()
+
+
+def libopus() -> ctypes.CDLL | None:
+    global _LIBOPUS, _LIBOPUS_LOOKED
+    with _LIBOPUS_LOCK:
+        if not _LIBOPUS_LOOKED:
+            _LIBOPUS, _LIBOPUS_LOOKED = _find_libopus(), True
+            if _LIBOPUS is None:
+                event(log, "libopus_not_found", logging.WARNING, fallback="aiortc decoder")
+        return _LIBOPUS
+
+
+class OpusDecoder16k:
+    """One stream's libopus decoder, giving 16 kHz mono int16 whatever the sender encoded."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        error = ctypes.c_int()
+        self._state = lib.opus_decoder_create(DECODE_RATE, 1, ctypes.byref(error))
+        if not self._state or error.value != 0:
+            raise RuntimeError(f"opus_decoder_create failed ({error.value})")
+        self._out = np.zeros(MAX_FRAME_SAMPLES, dtype=np.int16)
+
+    def decode(self, payload: bytes) -> np.ndarray | None:
+        """The packet's samples (a copy), or None for a packet libopus refuses (it says why: < 0). An
+        empty one is refused here: libopus would take it for a lost packet and conceal 120 ms."""
+        if not payload:
+            return None
+        out = self._out
+        n = self._lib.opus_decode(self._state, payload, len(payload), out.ctypes.data, out.size, 0)
+        return self._out[:n].copy() if n > 0 else None
+
+    def close(self) -> None:
+        if self._state:
+            self._lib.opus_decoder_destroy(self._state)
+            self._state = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class InlineDecoding:
+    """Stands in for an aiortc receiver's decoder queue: `put` decodes on the caller's (the event loop's)
+    thread and delivers the samples; `get`, which aiortc's decoder thread calls, waits for the end."""
+
+    def __init__(self, deliver: Deliver, on_end: Callable[[], None]) -> None:
+        self._deliver = deliver
+        self._on_end = on_end
+        self._ended = threading.Event()
+        self._codec = ""
+        self._opus: OpusDecoder16k | None = None
+        self._other: Any = None  # aiortc's decoder, for a codec libopus does not decode
+        self.decoded = 0  # frames delivered
+        self.failed = 0  # packets that did not decode
+
+    # the receiver's side (the event loop)
+
+    def put(self, task: tuple[Any, JitterFrame] | None) -> None:
+        if task is None:
+            if not self._ended.is_set():
+                if self._opus is not None:
+                    self._opus.close()
+                self._ended.set()
+                self._on_end()
+            return
+        codec, frame = task
+        name = str(codec.mimeType).lower()
+        if name != self._codec:
+            self._switch(codec, name)
+        try:
+            if self._opus is not None:
+                pcm = self._opus.decode(frame.data)
+                if pcm is None:
+                    self.failed += 1
+                    return
+                self.decoded += 1
+                self._deliver(pcm, DECODE_RATE)
+                return
+            for decoded in self._other.decode(frame):
+                if isinstance(decoded, AudioFrame):
+                    self.decoded += 1
+                    mono = first_channel(decoded.to_ndarray(), len(decoded.layout.channels))
+                    self._deliver(mono, decoded.sample_rate)
+        except Exception:
+            # One bad packet costs its 20 ms, never the call (aiortc's own thread logs and goes on too).
+            self.failed += 1
+            if self.failed == 1 or self.failed % 500 == 0:
+                event(log, "decode_failed", logging.WARNING, codec=name, failed=self.failed)
+
+    def _switch(self, codec: Any, name: str) -> None:
+        self._codec = name
+        if self._opus is not None:
+            self._opus.close()
+        self._opus, self._other = None, None
+        lib = libopus() if name == "audio/opus" else None
+        if lib is not None:
+            self._opus = OpusDecoder16k(lib)
+        else:
+            self._other = get_decoder(codec)
+
+    # aiortc's decoder thread: nothing to decode, so it waits; None tells it the stream ended
+
+    def get(self) -> None:
+        self._ended.wait()
+        return None
+
+
+def decode_inline(pc: RTCPeerConnection, track: MediaStreamTrack, decoding: InlineDecoding) -> bool:
+    """Give `track`'s receiver `decoding` as its decoder queue; False (nothing changed) when the receiver
+    is not found, has started decoding already, or this aiortc keeps its queue elsewhere."""
+    for transceiver in pc.getTransceivers():
+        receiver = transceiver.receiver
+        if receiver.track is not track:
+            continue
+        if not hasattr(receiver, _QUEUE) or getattr(receiver, _THREAD, True) is not None:
+            return False
+        setattr(receiver, _QUEUE, decoding)
+        return True
+    return False

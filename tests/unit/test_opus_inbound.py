@@ -1,0 +1,185 @@
+"""The caller's WebRTC audio decoded on the event loop, straight to 16 kHz mono: in place of aiortc's
+decoder thread, on a real aiortc receiver and in a real call over loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from aiortc import RTCPeerConnection, RTCRtpCodecParameters
+from aiortc.jitterbuffer import JitterFrame
+from aiortc.mediastreams import MediaStreamTrack
+
+from parley.app import RUNTIME, create_app
+from parley.audio import ulaw_encode
+from parley.bench.caller import Caller
+from parley.config import Settings
+from parley.engines.stt import Transcription
+from parley.transports.opus_inbound import DECODE_RATE, InlineDecoding, decode_inline, libopus
+from parley.transports.opus_packets import FRAME_SAMPLES, OpusPackets
+from parley.transports.webrtc import WebRtcPeer
+from tests.doubles import ScriptedStt, make_engines
+
+OPUS = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48000, channels=2, payloadType=111)
+PCMU = RTCRtpCodecParameters(mimeType="audio/PCMU", clockRate=8000, channels=1, payloadType=0)
+
+
+def tone(seconds: float, rate: int, hz: float = 440.0) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (np.sin(2 * np.pi * hz * t) * 8000).astype(np.int16)
+
+
+def loudest_hz(pcm: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(pcm.astype(np.float64)))
+    return float(np.argmax(spectrum) * rate / pcm.size)
+
+
+class Heard:
+    def __init__(self) -> None:
+        self.frames: list[tuple[np.ndarray, int]] = []
+        self.ended = 0
+
+    def deliver(self, pcm: np.ndarray, rate: int) -> None:
+        self.frames.append((pcm, rate))
+
+    def end(self) -> None:
+        self.ended += 1
+
+    def audio(self) -> np.ndarray:
+        return np.concatenate([pcm for pcm, _ in self.frames])
+
+
+def test_libopus_is_found_where_pyav_ships_it() -> None:
+    assert libopus() is not None  # else every call would take the slower fallback
+
+
+def test_opus_frames_arrive_as_16khz_mono_the_moment_they_are_put() -> None:
+    heard = Heard()
+    decoding = InlineDecoding(heard.deliver, heard.end)
+    opus = OpusPackets()
+    sent = tone(1.0, 48000).reshape(-1, FRAME_SAMPLES)
+    for i, pcm in enumerate(sent):
+        decoding.put((OPUS, JitterFrame(bytes(opus.packet(pcm, i * FRAME_SAMPLES)), i * FRAME_SAMPLES)))
+        assert len(heard.frames) == i + 1  # no thread, no wait: decoded within put()
+    assert all(rate == DECODE_RATE and pcm.size == DECODE_RATE // 50 for pcm, rate in heard.frames)
+    audio = heard.audio()
+    assert abs(loudest_hz(audio[1600:], DECODE_RATE) - 440) < 5
+    assert 4000 < np.sqrt(np.mean(audio[1600:].astype(np.float64) ** 2)) < 7000  # the tone's level, 5657
+    assert decoding.decoded == len(sent) and decoding.failed == 0
+
+
+def test_g711_is_decoded_inline_by_aiortc_s_own_decoder() -> None:
+    heard = Heard()
+    decoding = InlineDecoding(heard.deliver, heard.end)
+    for i, pcm in enumerate(tone(0.5, 8000).reshape(-1, 160)):
+        decoding.put((PCMU, JitterFrame(ulaw_encode(pcm), i * 160)))
+    assert {rate for _, rate in heard.frames} == {8000}
+    assert abs(loudest_hz(heard.audio(), 8000) - 440) < 5
+
+
+def test_a_packet_that_does_not_decode_costs_only_itself() -> None:
+    heard = Heard()
+    decoding = InlineDecoding(heard.deliver, heard.end)
+    opus = OpusPackets()
+    frames = tone(0.1, 48000).reshape(-1, FRAME_SAMPLES)
+    decoding.put((OPUS, JitterFrame(bytes(opus.packet(frames[0], 0)), 0)))
+    decoding.put((OPUS, JitterFrame(b"\x03", 960)))  # a code-3 packet without its frame count
+    decoding.put((OPUS, JitterFrame(b"", 1920)))  # libopus would conceal 120 ms for it
+    decoding.put((OPUS, JitterFrame(bytes(opus.packet(frames[1], 2880)), 2880)))
+    assert decoding.failed == 2 and decoding.decoded == 2
+    assert [pcm.size for pcm, _ in heard.frames] == [320, 320]
+
+
+def test_the_stream_s_end_releases_aiortc_s_waiting_decoder_thread_once() -> None:
+    heard = Heard()
+    decoding = InlineDecoding(heard.deliver, heard.end)
+    got: list[str] = []
+
+    def decoder_thread() -> None:  # as aiortc's: it ends when get() gives None
+        decoding.get()
+        got.append("released")
+
+    thread = threading.Thread(target=decoder_thread)
+    thread.start()
+    time.sleep(0.1)
+    assert thread.is_alive() and not got  # waits, idle, while the stream goes on
+    decoding.put(None)
+    decoding.put(None)
+    thread.join(timeout=2)
+    assert not thread.is_alive() and got == ["released"] and heard.ended == 1
+
+
+async def test_a_receiver_gets_the_inline_decoding_before_it_starts_and_not_after() -> None:
+    caller, answerer = RTCPeerConnection(), RTCPeerConnection()
+    try:
+        caller.addTransceiver("audio", direction="sendonly")
+        caller.addTransceiver("audio", direction="sendonly")
+        tracks: list[MediaStreamTrack] = []
+        answerer.on("track", tracks.append)  # as the service's peer learns of the caller's track
+        await caller.setLocalDescription(await caller.createOffer())
+        await answerer.setRemoteDescription(caller.localDescription)
+        assert len(tracks) == 2
+        decoding = InlineDecoding(Heard().deliver, Heard().end)
+        assert decode_inline(answerer, tracks[0], decoding)
+        first, second = (t.receiver for t in answerer.getTransceivers())
+        assert first._RTCRtpReceiver__decoder_queue is decoding  # type: ignore[attr-defined]
+
+        started = threading.Thread(target=lambda: None)
+        second._RTCRtpReceiver__decoder_thread = started  # type: ignore[attr-defined]
+        assert not decode_inline(answerer, tracks[1], InlineDecoding(Heard().deliver, Heard().end))
+        assert second._RTCRtpReceiver__decoder_queue is not decoding  # type: ignore[attr-defined]
+        second._RTCRtpReceiver__decoder_thread = None  # type: ignore[attr-defined]
+    finally:
+        await caller.close()
+        await answerer.close()
+
+
+class RecordingStt(ScriptedStt):
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard: list[np.ndarray] = []
+
+    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
+        self.heard.append(audio)
+        return super().transcribe(audio, urgent=urgent)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[tuple[TestClient, RecordingStt]]:  # type: ignore[type-arg]
+    stt = RecordingStt()
+    app = create_app(Settings(sip="off", greeting=""), make_engines(stt=stt))
+    c: TestClient = TestClient(TestServer(app))  # type: ignore[type-arg]
+    await c.start_server()
+    yield c, stt
+    await c.close()
+    assert not c.app[RUNTIME].registry.active()
+
+
+async def test_a_webrtc_caller_s_voice_reaches_the_call_decoded_on_the_event_loop(
+    client: tuple[TestClient, RecordingStt],  # type: ignore[type-arg]
+) -> None:
+    server, stt = client
+    async with Caller(f"http://127.0.0.1:{server.port}") as caller:
+        call = server.app[RUNTIME].registry.get(caller.call_id)
+        assert call is not None and call.line is not None
+        peer = call.line.transport
+        assert isinstance(peer, WebRtcPeer) and peer.inbound is not None
+        await caller.say(tone(1.0, 16000))
+        deadline = time.monotonic() + 10
+        while not stt.calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert stt.calls and max(stt.calls) > 0.8  # the second of tone became an utterance
+        utterance = max(stt.heard, key=len)
+        assert abs(loudest_hz(utterance, 16000) - 440) < 5  # at the pipeline's rate, as it was said
+        assert peer.inbound.decoded > 50 and peer.inbound.failed == 0
+        # aiortc's decoder thread was started, and waits for the end with nothing to do.
+        waiting = [t for t in threading.enumerate() if t.name == "audio-decoder"]
+        assert waiting
+    for thread in waiting:
+        thread.join(timeout=5)
+        assert not thread.is_alive()
