@@ -20,6 +20,7 @@ from parley.audio import ulaw_encode
 from parley.bench.caller import Caller
 from parley.config import Settings
 from parley.engines.stt import Transcription
+from parley.transports import opus_inbound
 from parley.transports.opus_inbound import DECODE_RATE, InlineDecoding, decode_inline, libopus
 from parley.transports.opus_packets import FRAME_SAMPLES, OpusPackets
 from parley.transports.webrtc import WebRtcPeer
@@ -80,6 +81,17 @@ def test_g711_is_decoded_inline_by_aiortc_s_own_decoder() -> None:
         decoding.put((PCMU, JitterFrame(ulaw_encode(pcm), i * 160)))
     assert {rate for _, rate in heard.frames} == {8000}
     assert abs(loudest_hz(heard.audio(), 8000) - 440) < 5
+
+
+def test_without_libopus_aiortc_s_decoder_decodes_inline_at_48khz(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(opus_inbound, "libopus", lambda: None)
+    heard = Heard()
+    decoding = InlineDecoding(heard.deliver, heard.end)
+    opus = OpusPackets()
+    for i, pcm in enumerate(tone(0.5, 48000).reshape(-1, FRAME_SAMPLES)):
+        decoding.put((OPUS, JitterFrame(bytes(opus.packet(pcm, i * FRAME_SAMPLES)), i * FRAME_SAMPLES)))
+    assert {rate for _, rate in heard.frames} == {48000} and len(heard.frames) == 25
+    assert abs(loudest_hz(heard.audio()[4800:], 48000) - 440) < 5
 
 
 def test_a_packet_that_does_not_decode_costs_only_itself() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import glob
 import logging
 import os
@@ -55,38 +56,35 @@ def _find_libopus() -> ctypes.CDLL | None:
     for path in [*sorted(bundled), *([system] if system else [])]:
         try:
             lib = ctypes.CDLL(path)
-        except OSError:
+            _declare(lib)
+        except (OSError, AttributeError):  # not loadable, or not a libopus decoder
             continue
-        lib.opus_decoder_create.restype = ctypes.c_void_p
-        lib.opus_decoder_create.argtypes = [ctypes.c_int32, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-        lib.opus_decode.restype = ctypes.c_int
-        lib.opus_decode.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_int32,
-            ctypes.c_void_p,
-            ctypes.c_int,
-            ctypes.c_int,
-        ]
-        lib.opus_decoder_destroy.restype = None
-        lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
         return lib
     return None
 
 
-_LIBOPUS: ctypes.CDLL | None = None
-_LIBOPUS_LOOKED = False
-_LIBOPUS_LOCK = threading.Lock()
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.opus_decoder_create.restype = ctypes.c_void_p
+    lib.opus_decoder_create.argtypes = [ctypes.c_int32, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.opus_decode.restype = ctypes.c_int
+    lib.opus_decode.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    lib.opus_decoder_destroy.restype = None
+    lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
 
 
+@functools.cache
 def libopus() -> ctypes.CDLL | None:
-    global _LIBOPUS, _LIBOPUS_LOOKED
-    with _LIBOPUS_LOCK:
-        if not _LIBOPUS_LOOKED:
-            _LIBOPUS, _LIBOPUS_LOOKED = _find_libopus(), True
-            if _LIBOPUS is None:
-                event(log, "libopus_not_found", logging.WARNING, fallback="aiortc decoder")
-        return _LIBOPUS
+    lib = _find_libopus()
+    if lib is None:
+        event(log, "libopus_not_found", logging.WARNING, fallback="aiortc decoder")
+    return lib
 
 
 class OpusDecoder16k:
@@ -144,9 +142,9 @@ class InlineDecoding:
             return
         codec, frame = task
         name = str(codec.mimeType).lower()
-        if name != self._codec:
-            self._switch(codec, name)
         try:
+            if name != self._codec:
+                self._switch(codec, name)
             if self._opus is not None:
                 pcm = self._opus.decode(frame.data)
                 if pcm is None:
