@@ -189,6 +189,8 @@ async def test_a_webrtc_caller_s_voice_reaches_the_call_decoded_on_the_event_loo
         utterance = max(stt.heard, key=len)
         assert abs(loudest_hz(utterance, 16000) - 440) < 5  # at the pipeline's rate, as it was said
         assert peer.inbound.decoded > 50 and peer.inbound.failed == 0
+        # The benchmark's caller hears the agent the same way.
+        assert caller.inbound is not None and caller.inbound.decoded > 50 and caller.rate == DECODE_RATE
         # aiortc's decoder thread was started, and waits for the end with nothing to do.
         waiting = [t for t in threading.enumerate() if t.name == "audio-decoder"]
         assert waiting

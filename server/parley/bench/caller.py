@@ -74,6 +74,7 @@ class Caller(Ears):
         self.channel: RTCDataChannel | None = None  # the page's data channel ("events")
         self._reader: asyncio.Task[None] | None = None
         self._resampler: StreamResampler | None = None
+        self.inbound: InlineDecoding | None = None  # the reply's audio, decoded as it arrives
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -135,7 +136,9 @@ class Caller(Ears):
         # As the service does (transports/opus_inbound.py): many callers share the service's cores here.
         if track.kind != "audio" or self.pc is None:
             return
-        if not decode_inline(self.pc, track, InlineDecoding(self._hear, lambda: None)):
+        self.inbound = InlineDecoding(self._hear, lambda: None)
+        if not decode_inline(self.pc, track, self.inbound):
+            self.inbound = None
             self._reader = asyncio.ensure_future(self._read(track))
 
     async def _read(self, track: MediaStreamTrack) -> None:
