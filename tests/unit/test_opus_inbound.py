@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -124,6 +125,25 @@ def test_the_stream_s_end_releases_aiortc_s_waiting_decoder_thread_once() -> Non
     decoding.put(None)
     thread.join(timeout=2)
     assert not thread.is_alive() and got == ["released"] and heard.ended == 1
+
+
+def test_at_the_end_it_lets_go_of_whoever_it_delivered_to() -> None:
+    # The receiver holds it, and the transport holds the receiver: kept callbacks would make a cycle that
+    # keeps the whole peer connection alive until a full garbage collection.
+    for end in ("stream end", "transport close"):
+        heard = Heard()
+        owner = weakref.ref(heard)
+        decoding = InlineDecoding(heard.deliver, heard.end)
+        decoding.put((OPUS, JitterFrame(bytes(OpusPackets().packet(tone(0.02, 48000), 0)), 0)))
+        if end == "stream end":
+            decoding.put(None)
+            assert heard.ended == 1
+        else:
+            decoding.close()
+        del heard
+        assert owner() is None, end
+        decoding.put((OPUS, JitterFrame(bytes(OpusPackets().packet(tone(0.02, 48000), 0)), 0)))
+        assert decoding.decoded == 1  # nothing is decoded after the end
 
 
 async def test_a_receiver_gets_the_inline_decoding_before_it_starts_and_not_after() -> None:

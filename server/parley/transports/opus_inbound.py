@@ -116,6 +116,14 @@ class OpusDecoder16k:
         self.close()
 
 
+def _no_audio(pcm: np.ndarray, rate: int) -> None:
+    pass
+
+
+def _nothing() -> None:
+    pass
+
+
 class InlineDecoding:
     """Stands in for an aiortc receiver's decoder queue: `put` decodes on the caller's (the event loop's)
     thread and delivers the samples; `get`, which aiortc's decoder thread calls, waits for the end."""
@@ -129,16 +137,29 @@ class InlineDecoding:
         self._other: Any = None  # aiortc's decoder, for a codec libopus does not decode
         self.decoded = 0  # frames delivered
         self.failed = 0  # packets that did not decode
+        self._closed = False
+
+    def close(self) -> None:
+        """Free the decoder and let go of the callbacks (idempotent). They hold the transport, which holds
+        the receiver that holds this: left in place, that cycle would keep the whole peer connection
+        (and the threads of its encoder's resampler) until the garbage collector's next full pass."""
+        self._closed = True
+        if self._opus is not None:
+            self._opus.close()
+        self._opus, self._other = None, None
+        self._deliver, self._on_end = _no_audio, _nothing
 
     # the receiver's side (the event loop)
 
     def put(self, task: tuple[Any, JitterFrame] | None) -> None:
         if task is None:
             if not self._ended.is_set():
-                if self._opus is not None:
-                    self._opus.close()
+                on_end = self._on_end
+                self.close()
                 self._ended.set()
-                self._on_end()
+                on_end()
+            return
+        if self._closed:
             return
         codec, frame = task
         name = str(codec.mimeType).lower()

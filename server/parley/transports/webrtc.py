@@ -260,6 +260,8 @@ class WebRtcPeer:
             # without the traceback, whose frames would keep the peer connection alive with the record.)
             event(log, "peer_close_failed", logging.WARNING, call_id=self.call.call_id, error=repr(exc))
             await self._stop_transports()
+        if self.inbound is not None:
+            self.inbound.close()  # a receiver that never started never told it the end
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
