@@ -1,5 +1,5 @@
-"""The caller's WebRTC audio decoded on the event loop, straight to 16 kHz mono: in place of aiortc's
-decoder thread, on a real aiortc receiver and in a real call over loopback."""
+"""The caller's WebRTC audio decoded on the event loop, sample for sample as aiortc's decoder thread did:
+in place of that thread, on a real aiortc receiver and in a real call over loopback."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection, RTCRtpCodecParameters
+from aiortc.codecs.opus import OpusDecoder as AiortcOpusDecoder
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamTrack
+from av import AudioFrame
 
 from parley.app import RUNTIME, create_app
-from parley.audio import ulaw_encode
+from parley.audio import first_channel, ulaw_encode
 from parley.bench.caller import Caller
 from parley.config import Settings
 from parley.engines.stt import Transcription
@@ -60,7 +62,7 @@ def test_libopus_is_found_where_pyav_ships_it() -> None:
     assert libopus() is not None  # else every call would take the slower fallback
 
 
-def test_opus_frames_arrive_as_16khz_mono_the_moment_they_are_put() -> None:
+def test_opus_frames_arrive_the_moment_they_are_put_as_aiortc_s_decoder_made_them() -> None:
     heard = Heard()
     decoding = InlineDecoding(heard.deliver, heard.end)
     opus = OpusPackets()
@@ -70,9 +72,20 @@ def test_opus_frames_arrive_as_16khz_mono_the_moment_they_are_put() -> None:
         assert len(heard.frames) == i + 1  # no thread, no wait: decoded within put()
     assert all(rate == DECODE_RATE and pcm.size == DECODE_RATE // 50 for pcm, rate in heard.frames)
     audio = heard.audio()
-    assert abs(loudest_hz(audio[1600:], DECODE_RATE) - 440) < 5
-    assert 4000 < np.sqrt(np.mean(audio[1600:].astype(np.float64) ** 2)) < 7000  # the tone's level, 5657
+    assert abs(loudest_hz(audio[4800:], DECODE_RATE) - 440) < 5
+    assert 4000 < np.sqrt(np.mean(audio[4800:].astype(np.float64) ** 2)) < 7000  # the tone's level, 5657
     assert decoding.decoded == len(sent) and decoding.failed == 0
+    # The very samples aiortc's own decoder (through PyAV) gives, so the call hears what it heard before.
+    theirs = AiortcOpusDecoder()
+    opus = OpusPackets()
+    packets = [bytes(opus.packet(pcm, i * FRAME_SAMPLES)) for i, pcm in enumerate(sent)]
+    reference = [
+        first_channel(frame.to_ndarray(), 2)
+        for i, packet in enumerate(packets)
+        for frame in theirs.decode(JitterFrame(packet, i * FRAME_SAMPLES))
+        if isinstance(frame, AudioFrame)
+    ]
+    assert np.array_equal(np.concatenate(reference), audio)
 
 
 def test_g711_is_decoded_inline_by_aiortc_s_own_decoder() -> None:
@@ -91,7 +104,7 @@ def test_without_libopus_aiortc_s_decoder_decodes_inline_at_48khz(monkeypatch: p
     opus = OpusPackets()
     for i, pcm in enumerate(tone(0.5, 48000).reshape(-1, FRAME_SAMPLES)):
         decoding.put((OPUS, JitterFrame(bytes(opus.packet(pcm, i * FRAME_SAMPLES)), i * FRAME_SAMPLES)))
-    assert {rate for _, rate in heard.frames} == {48000} and len(heard.frames) == 25
+    assert {rate for _, rate in heard.frames} == {48000} and len(heard.frames) == 25  # through PyAV
     assert abs(loudest_hz(heard.audio()[4800:], 48000) - 440) < 5
 
 
@@ -105,7 +118,7 @@ def test_a_packet_that_does_not_decode_costs_only_itself() -> None:
     decoding.put((OPUS, JitterFrame(b"", 1920)))  # libopus would conceal 120 ms for it
     decoding.put((OPUS, JitterFrame(bytes(opus.packet(frames[1], 2880)), 2880)))
     assert decoding.failed == 2 and decoding.decoded == 2
-    assert [pcm.size for pcm, _ in heard.frames] == [320, 320]
+    assert [pcm.size for pcm, _ in heard.frames] == [FRAME_SAMPLES, FRAME_SAMPLES]
 
 
 def test_the_stream_s_end_releases_aiortc_s_waiting_decoder_thread_once() -> None:

@@ -67,7 +67,7 @@ class Caller(Ears):
         self.jitter_frames = jitter_frames
         self.token = token
         configure_ice(ice_addresses)
-        super().__init__(DECODE_RATE)  # the reply as heard: decoded to 16 kHz as it arrives
+        super().__init__(DECODE_RATE)  # the reply as heard, decoded as it arrives
         self.mic = MicTrack()
         self.call_id = ""
         self.pc: RTCPeerConnection | None = None

@@ -1,17 +1,19 @@
-"""The caller's voice decoded on the event loop, straight to 16 kHz mono, as aiortc's jitter buffer
-releases each frame.
+"""The caller's voice decoded on the event loop as aiortc's jitter buffer releases each frame.
 
 Profiled with py-spy under `parley bench capacity --callers 10`: aiortc hands every received 20 ms frame
 to a decoder thread of its own (a queue, a wake-up), which decodes it to 48 kHz stereo and hands it
 back through `run_coroutine_threadsafe` (a future, a wake-up of the event loop, a task); then the call
 took one channel and resampled it to 16 kHz. Here the receiver's decoder queue is replaced by one that
-decodes at once, on the event loop where the frame was put, with libopus asked for 16 kHz mono (it
-decodes at any of its rates for the same cost: ~40 us a frame), and hands the samples to the call.
-aiortc's decoder thread is still started, and waits, idle, until the receiver stops: the end of the
-stream is told as before.
+decodes at once, on the event loop where the frame was put, with libopus as aiortc has it (48 kHz
+stereo, ~40 us a frame), and hands the first channel to the call, which resamples it as before. (libopus
+can decode straight to 16 kHz mono for the same cost and no resampling, but those samples differ from
+these, and Whisper's verdict on a laugh or a cough over the agent can turn on such a difference: the
+audio the call hears stays what it was.) aiortc's decoder thread is still started, and waits, idle,
+until the receiver stops: the end of the stream is told as before.
 
-libopus is called through ctypes: PyAV's wheel ships it (and FFmpeg's wrapper always decodes to 48 kHz).
-Where it cannot be found, and for other codecs (G.711, G.722), aiortc's own decoder runs, inline too.
+libopus is called through ctypes (PyAV's wheel ships it): through PyAV each frame would cost a packet and
+a frame object more. Where it cannot be found, and for other codecs (G.711, G.722), aiortc's own decoder
+runs, inline too.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from parley.log import event
 
 log = logging.getLogger(__name__)
 
-DECODE_RATE = 16000
+DECODE_RATE = 48000
+CHANNELS = 2  # as aiortc decodes: a microphone's mono stream comes out as two equal channels
 MAX_FRAME_SAMPLES = DECODE_RATE * 120 // 1000  # Opus packets hold at most 120 ms
 _QUEUE = "_RTCRtpReceiver__decoder_queue"
 _THREAD = "_RTCRtpReceiver__decoder_thread"
@@ -87,16 +90,16 @@ def libopus() -> ctypes.CDLL | None:
     return lib
 
 
-class OpusDecoder16k:
-    """One stream's libopus decoder, giving 16 kHz mono int16 whatever the sender encoded."""
+class OpusStreamDecoder:
+    """One stream's libopus decoder: 48 kHz, the first channel, int16, whatever the sender encoded."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._lib = lib
         error = ctypes.c_int()
-        self._state = lib.opus_decoder_create(DECODE_RATE, 1, ctypes.byref(error))
+        self._state = lib.opus_decoder_create(DECODE_RATE, CHANNELS, ctypes.byref(error))
         if not self._state or error.value != 0:
             raise RuntimeError(f"opus_decoder_create failed ({error.value})")
-        self._out = np.zeros(MAX_FRAME_SAMPLES, dtype=np.int16)
+        self._out = np.zeros(MAX_FRAME_SAMPLES * CHANNELS, dtype=np.int16)
 
     def decode(self, payload: bytes) -> np.ndarray | None:
         """The packet's samples (a copy), or None for a packet libopus refuses (it says why: < 0). An
@@ -104,8 +107,8 @@ class OpusDecoder16k:
         if not payload:
             return None
         out = self._out
-        n = self._lib.opus_decode(self._state, payload, len(payload), out.ctypes.data, out.size, 0)
-        return self._out[:n].copy() if n > 0 else None
+        n = self._lib.opus_decode(self._state, payload, len(payload), out.ctypes.data, MAX_FRAME_SAMPLES, 0)
+        return out[: n * CHANNELS : CHANNELS].copy() if n > 0 else None
 
     def close(self) -> None:
         if self._state:
@@ -133,7 +136,7 @@ class InlineDecoding:
         self._on_end = on_end
         self._ended = threading.Event()
         self._codec = ""
-        self._opus: OpusDecoder16k | None = None
+        self._opus: OpusStreamDecoder | None = None
         self._other: Any = None  # aiortc's decoder, for a codec libopus does not decode
         self.decoded = 0  # frames delivered
         self.failed = 0  # packets that did not decode
@@ -192,7 +195,7 @@ class InlineDecoding:
         self._opus, self._other = None, None
         lib = libopus() if name == "audio/opus" else None
         if lib is not None:
-            self._opus = OpusDecoder16k(lib)
+            self._opus = OpusStreamDecoder(lib)
         else:
             self._other = get_decoder(codec)
 
