@@ -22,9 +22,9 @@ from aiortc import (
     RTCSessionDescription,
 )
 
-from parley.audio import StreamResampler, rms_dbfs
+from parley.audio import rms_dbfs
 from parley.bench.listening import CallFailed, Ears, Mouth, Playback
-from parley.transports.opus_inbound import DECODE_RATE, InlineDecoding, decode_inline
+from parley.transports.opus_inbound import InlineDecoding, decode_inline
 from parley.transports.webrtc import (
     WEBRTC_RATE,
     PacedAudioTrack,
@@ -67,13 +67,12 @@ class Caller(Ears):
         self.jitter_frames = jitter_frames
         self.token = token
         configure_ice(ice_addresses)
-        super().__init__(DECODE_RATE)  # the reply as heard, decoded as it arrives
+        super().__init__(WEBRTC_RATE)
         self.mic = MicTrack()
         self.call_id = ""
         self.pc: RTCPeerConnection | None = None
         self.channel: RTCDataChannel | None = None  # the page's data channel ("events")
         self._reader: asyncio.Task[None] | None = None
-        self._resampler: StreamResampler | None = None
         self.inbound: InlineDecoding | None = None  # the reply's audio, decoded as it arrives
 
     def _headers(self) -> dict[str, str]:
@@ -146,10 +145,7 @@ class Caller(Ears):
             self._hear(pcm, rate)
 
     def _hear(self, pcm: np.ndarray, rate: int) -> None:
-        if rate != self.rate:
-            if self._resampler is None or self._resampler.rate_in != rate:
-                self._resampler = StreamResampler(rate, self.rate)
-            pcm = self._resampler.process(pcm)
+        # Opus, which this caller offers first, always decodes at WEBRTC_RATE (the `rate` given).
         self.heard.times.append(time.monotonic())
         self.heard.levels.append(rms_dbfs(pcm))
         self.heard.pcm.append(pcm)
