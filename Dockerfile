@@ -15,19 +15,26 @@ ARG GPU_BASE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
 FROM ${CPU_BASE} AS base-cpu
 ENV PYTHON=python3.11 TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libsndfile1 espeak-ng-data \
+ && apt-get install -y --no-install-recommends libsndfile1 espeak-ng-data libgomp1 \
  && rm -rf /var/lib/apt/lists/*
 
 FROM ${GPU_BASE} AS base-gpu
-ENV PYTHON=python3.12 TORCH_INDEX=https://download.pytorch.org/whl/cu126
+# The LLM on the GPU through CTranslate2 (llama.cpp is built for the CPU here); prepared at build time,
+# where no GPU is visible to choose it.
+ENV PYTHON=python3.12 TORCH_INDEX=https://download.pytorch.org/whl/cu126 PARLEY_LLM_RUNTIME=ctranslate2
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3.12 python3.12-venv libsndfile1 espeak-ng-data \
  && rm -rf /var/lib/apt/lists/*
 
 FROM base-${VARIANT} AS base
 
-# Build: a virtual environment with parley and its pinned dependencies.
+# Build: a virtual environment with parley and its pinned dependencies. llama-cpp-python builds llama.cpp
+# from source: for any x86-64 CPU with AVX2 (not only the build machine's, which GGML_NATIVE would assume).
 FROM base AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ cmake \
+ && rm -rf /var/lib/apt/lists/*
+ENV CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 WORKDIR /src
 RUN ${PYTHON} -m venv /opt/parley/venv
 ENV PATH=/opt/parley/venv/bin:$PATH PIP_NO_CACHE_DIR=1

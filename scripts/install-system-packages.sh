@@ -7,8 +7,9 @@
 #   prometheus            a real Prometheus (and promtool) for the dashboard and alert tests
 #   postgresql            a throw-away PostgreSQL cluster for the call-records tests (initdb, pg_ctl)
 #   kamailio              checks the SIP dispatcher config in deploy/kamailio (kamailio -c)
+#   g++, cmake            build llama.cpp (llama-cpp-python ships no wheel), the CPU's LLM runtime
 set -euo pipefail
-packages=(espeak-ng sox chromium chromium-driver libsndfile1 baresip-core sip-tester prometheus postgresql kamailio)
+packages=(espeak-ng sox chromium chromium-driver libsndfile1 baresip-core sip-tester prometheus postgresql kamailio g++ cmake)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -193,8 +193,12 @@ class Settings:
         ),
     )
     llm_runtime: str = field(
-        default="ctranslate2",
-        metadata=_opt("how a local LLM runs", "engines", ("ctranslate2", "transformers")),
+        default="auto",
+        metadata=_opt(
+            "how a local LLM runs (auto: llama.cpp on a CPU for a packaged model or .gguf, else CTranslate2)",
+            "engines",
+            ("auto", "ctranslate2", "llamacpp", "transformers"),
+        ),
     )
     llm_url: str = field(
         default="", metadata=_opt("OpenAI-compatible endpoint (…/v1) instead of a local LLM", "engines")

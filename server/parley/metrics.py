@@ -144,6 +144,13 @@ TOOL_CALLS_TOTAL = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+LLM_PROMPT_TOKENS_TOTAL = Counter(
+    "parley_llm_prompt_tokens_total",
+    "Prompt tokens of replies the in-process llama.cpp LLM found kept from the conversation's last turn "
+    "(kept) or had to read (read): reading costs ~10 ms a token on 2 cores",
+    ["outcome"],
+    registry=REGISTRY,
+)
 ENGINE_ERRORS_TOTAL = Counter("parley_engine_errors_total", "Engine failures", ["engine"], registry=REGISTRY)
 CALL_THREADS = Gauge(
     "parley_call_threads", "Stage threads of calls still alive (0 when no call runs)", registry=REGISTRY

@@ -189,13 +189,18 @@ def load_settings(
     return settings
 
 
+LLM_RUNTIMES = ("auto", "ctranslate2", "llamacpp", "transformers")
+
+
 def validate(settings: Settings) -> None:
     if not 0 < settings.port < 65536:
         raise SettingsError(f"port {settings.port} is out of range")
     if settings.device not in ("auto", "cpu", "cuda"):
         raise SettingsError(f"device must be auto, cpu or cuda, not {settings.device!r}")
-    if settings.llm_runtime not in ("ctranslate2", "transformers"):
-        raise SettingsError(f"llm_runtime must be ctranslate2 or transformers, not {settings.llm_runtime!r}")
+    if settings.llm_runtime not in LLM_RUNTIMES:
+        raise SettingsError(
+            f"llm_runtime must be one of {', '.join(LLM_RUNTIMES)}, not {settings.llm_runtime!r}"
+        )
     if settings.sip != "off":
         sip_address(settings.sip)
     rtp_port_range(settings.rtp_ports)

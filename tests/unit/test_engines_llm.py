@@ -69,7 +69,7 @@ def looks_english(text: str) -> bool:
 
 @pytest.fixture(scope="module")
 def llm() -> Ct2Llm:
-    engine = load_llm(Settings())
+    engine = load_llm(Settings(llm_runtime="ctranslate2"))
     assert isinstance(engine, Ct2Llm)
     return engine
 
@@ -182,7 +182,7 @@ def test_sampling_with_a_temperature_still_answers(llm: Ct2Llm, monkeypatch: pyt
 
 
 def test_incremental_decoding_never_splits_characters(llm: Ct2Llm) -> None:
-    tokenizer = llm._tokenizer
+    tokenizer = llm._chat.tokenizer
     text = "Café au lait ☕, naïve 😀 日本語 — done."
     ids = tokenizer.encode(text, add_special_tokens=False)
     decoder = _IncrementalDecoder(lambda chunk: tokenizer.decode(chunk))

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from parley.config import Settings
-from parley.engines.cache import llm_ct2_dir, llm_hf_source, whisper_base_dir
-from parley.engines.llm import LlmEngine, load_llm
+from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source, whisper_base_dir
+from parley.engines.device import resolve_device
+from parley.engines.llm import LlmEngine, llm_runtime, load_llm
 from parley.engines.stt import SttEngine, load_stt
 from parley.engines.tts import TtsEngine, load_tts, voice_files
 from parley.engines.vad import VadEngine, load_vad, packaged_silero_path
@@ -98,8 +99,10 @@ def prepare_models(settings: Settings) -> None:
     step("stt", lambda: _prepare_stt(settings, cache_dir))
     if settings.llm_url:
         event(log, "model_ready", engine="llm", path=settings.llm_url, seconds=0.0)
-    elif settings.llm_runtime == "transformers":
+    elif (runtime := llm_runtime(settings, resolve_device(settings.device))) == "transformers":
         step("llm", lambda: llm_hf_source(cache_dir, settings.llm_model))
+    elif runtime == "llamacpp":
+        step("llm", lambda: llm_gguf(cache_dir, settings.llm_model, full=True)[0])
     else:
         step("llm", lambda: llm_ct2_dir(cache_dir, settings.llm_model, full=True))
     step("tts", lambda: voice_files(settings.tts_voice)[0])

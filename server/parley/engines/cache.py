@@ -353,6 +353,44 @@ def llm_ct2_dir(cache_dir: Path, model: str, *, full: bool = False) -> Path:
     return ensure_folder(dest, lambda out: _convert_to_ct2(source, out), source=source, full=full)
 
 
+GGUF_FILE = "model.gguf"
+
+
+def _gguf_folder(source: Path, out: Path, *, keep_weights: bool) -> None:
+    """The tokenizer (with its chat template) read from a GGUF, and the GGUF itself when `keep_weights`."""
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name).save_pretrained(out)
+    if keep_weights:
+        shutil.copyfile(source, out / GGUF_FILE)
+
+
+def llm_gguf(cache_dir: Path, model: str, *, full: bool = False) -> tuple[Path, Path]:
+    """(GGUF weights, tokenizer folder) for llama.cpp: a packaged model, or a local `.gguf` file."""
+    packaged = PACKAGED_LLMS.get(model)
+    if packaged is not None:
+
+        def build(out: Path) -> None:
+            with tempfile.TemporaryDirectory(prefix=f".tmp-{packaged.name}-join-", dir=out.parent) as scratch:
+                _gguf_folder(_packaged_gguf(packaged, Path(scratch)), out, keep_weights=True)
+
+        folder = ensure_folder(cache_dir / f"{packaged.name}-gguf", build, source=packaged.source, full=full)
+        return folder / GGUF_FILE, folder
+    local = Path(model).expanduser()
+    if not (local.is_file() and local.suffix == ".gguf"):
+        raise CacheError(
+            f"--llm-runtime llamacpp needs a GGUF file: a packaged model "
+            f"({', '.join(sorted(PACKAGED_LLMS))}) or the path of a local .gguf, not {model!r}"
+        )
+    source = local.resolve()
+    digest = hashlib.sha256(str(source).encode()).hexdigest()[:8]
+    dest = cache_dir / f"llm-{_slug(source.stem)}-{digest}-tokenizer"
+    folder = ensure_folder(
+        dest, lambda out: _gguf_folder(source, out, keep_weights=False), source=str(source), full=full
+    )
+    return source, folder
+
+
 def llm_hf_source(cache_dir: Path, model: str) -> str:
     """What transformers should load for `model`: the cached packaged folder, else the name or path as is."""
     packaged = PACKAGED_LLMS.get(model)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from parley.config import Settings
-from parley.engines.cache import llm_ct2_dir, llm_hf_source
+from parley.engines.cache import PACKAGED_LLMS, llm_ct2_dir, llm_gguf, llm_hf_source
 from parley.engines.device import cpu_threads, resolve_device
 from parley.engines.toolcalls import CLOSE_TAG, OPEN_TAG, TaggedToolCalls, ToolCall
 from parley.log import event
@@ -138,6 +139,77 @@ class LocalLlm:
         raise NotImplementedError
 
 
+class ChatTokenizer:
+    """A chat model's tokenizer: prompts as token ids, ids back to text, its end and tool-call tokens."""
+
+    def __init__(self, folder: Path) -> None:
+        # The fast tokenizer class alone: AutoTokenizer would import torch, which this runtime never needs.
+        from transformers import PreTrainedTokenizerFast
+
+        # fix_mistral_regex: transformers reads CTranslate2's config.json beside the tokenizer, finds no
+        # model type and warns about a Mistral tokenizer bug; these are not Mistral tokenizers.
+        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder), fix_mistral_regex=False)
+        # The Rust tokenizer refuses concurrent use while one thread changes its padding/truncation.
+        self.lock = threading.Lock()
+        vocab = self.tokenizer.get_vocab()
+        ends = [t for t in ("<|im_end|>", self.tokenizer.eos_token) if isinstance(t, str) and t in vocab]
+        self.end_tokens = list(dict.fromkeys(ends))
+        self.end_ids = {vocab[t] for t in self.end_tokens}
+        # Tool-call tags are added tokens that decoding with skip_special_tokens would drop: pass them on.
+        self.tag_ids = {vocab[t]: t for t in (OPEN_TAG, CLOSE_TAG) if t in vocab}
+
+    def prompt_ids(
+        self, messages: list[Message], tools: Tools | None = None, *, reply: bool = True
+    ) -> list[int]:
+        """The chat template's tokens for `messages`, ending with the reply's opening when `reply`."""
+        with self.lock:
+            return _input_ids(
+                self.tokenizer.apply_chat_template(
+                    template_messages(messages), tools=tools, add_generation_prompt=reply
+                )
+            )
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        if not ids:
+            return []
+        with self.lock:
+            pieces: list[str] = self.tokenizer.convert_ids_to_tokens(ids)
+        return pieces
+
+    def decode(self, ids: list[int]) -> str:
+        with self.lock:
+            text: str = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return text
+
+
+STEPS_DONE = object()  # put after a reply's last token id
+STEP_POLL_S = 0.05  # how often a caller waiting for its next token checks whether it should stop
+
+
+def deltas_from_steps(
+    steps: queue.SimpleQueue[Any], should_stop: Callable[[], bool], chat: ChatTokenizer
+) -> Iterator[str]:
+    """Text deltas from the token ids a decoding thread puts in `steps` (then STEPS_DONE, or an error)."""
+    decoder = _IncrementalDecoder(chat.decode)
+    while True:
+        try:
+            step = steps.get(timeout=STEP_POLL_S)
+        except queue.Empty:
+            if should_stop():
+                return
+            continue
+        if step is STEPS_DONE:
+            return
+        if isinstance(step, BaseException):
+            raise LlmError(f"generation failed: {step}") from step
+        if step in chat.end_ids or should_stop():
+            return
+        tag = chat.tag_ids.get(step)
+        delta = tag if tag is not None else decoder.push(step)
+        if delta:
+            yield delta
+
+
 class Ct2Llm(LocalLlm):
     """LlmEngine over a CTranslate2 Generator; `workers` replies are generated in parallel."""
 
@@ -152,15 +224,8 @@ class Ct2Llm(LocalLlm):
     ) -> None:
         import ctranslate2
 
-        # The fast tokenizer class alone: AutoTokenizer would import torch, which this runtime never needs.
-        from transformers import PreTrainedTokenizerFast
-
         workers = max(1, workers)
-        # fix_mistral_regex: transformers reads CTranslate2's config.json beside the tokenizer, finds no
-        # model type and warns about a Mistral tokenizer bug; these are not Mistral tokenizers.
-        self._tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir), fix_mistral_regex=False)
-        # The Rust tokenizer refuses concurrent use while one thread changes its padding/truncation.
-        self._tokenizer_lock = threading.Lock()
+        self._chat = ChatTokenizer(model_dir)
         self._generator = ctranslate2.Generator(
             str(model_dir),
             device=device,
@@ -171,12 +236,6 @@ class Ct2Llm(LocalLlm):
         self.device = device
         self.max_tokens = max_tokens
         self.temperature = temperature
-        vocab = self._tokenizer.get_vocab()
-        ends = [t for t in ("<|im_end|>", self._tokenizer.eos_token) if isinstance(t, str) and t in vocab]
-        self._end_tokens = list(dict.fromkeys(ends))
-        self._end_ids = {vocab[t] for t in self._end_tokens}
-        # Tool-call tags are added tokens that decoding with skip_special_tokens would drop: pass them on.
-        self._tag_ids = {vocab[t]: t for t in (OPEN_TAG, CLOSE_TAG) if t in vocab}
         self._static_prompts: set[tuple[int, ...]] = set()
 
     def _prompt(self, messages: list[Message], tools: Tools | None = None) -> tuple[list[str], list[str]]:
@@ -185,21 +244,13 @@ class Ct2Llm(LocalLlm):
         CTranslate2 keeps the model state after a static prompt and starts the next generation from it:
         measured here, the first token of a reply came ~30 ms sooner.
         """
-        messages = template_messages(messages)
-        with self._tokenizer_lock:
-            ids = _input_ids(
-                self._tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
-            )
-            static: list[int] = []
-            if messages and messages[0]["role"] == "system":
-                static = _input_ids(
-                    self._tokenizer.apply_chat_template(
-                        messages[:1], tools=tools, add_generation_prompt=False
-                    )
-                )
-                if ids[: len(static)] != static or len(static) == len(ids) or not self._cacheable(static):
-                    static = []
-            tokens: list[str] = self._tokenizer.convert_ids_to_tokens(ids)
+        ids = self._chat.prompt_ids(messages, tools)
+        static: list[int] = []
+        if messages and messages[0]["role"] == "system":
+            static = self._chat.prompt_ids(messages[:1], tools, reply=False)
+            if ids[: len(static)] != static or len(static) == len(ids) or not self._cacheable(static):
+                static = []
+        tokens = self._chat.pieces(ids)
         return tokens[: len(static)], tokens[len(static) :]
 
     def _cacheable(self, static: list[int]) -> bool:
@@ -219,11 +270,6 @@ class Ct2Llm(LocalLlm):
             return {"sampling_topk": 1}
         return {"sampling_topk": SAMPLING_TOPK, "sampling_temperature": self.temperature}
 
-    def _decode(self, ids: list[int]) -> str:
-        with self._tokenizer_lock:
-            text: str = self._tokenizer.decode(ids, skip_special_tokens=True)
-        return text
-
     def _text(
         self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
     ) -> Iterator[str]:
@@ -235,18 +281,18 @@ class Ct2Llm(LocalLlm):
             static_prompt=static or None,
             max_length=self.max_tokens,
             repetition_penalty=REPETITION_PENALTY,
-            end_token=self._end_tokens or None,
+            end_token=self._chat.end_tokens or None,
             # Runs in CTranslate2's worker before each next token: stops the model even while the
             # consumer is blocked elsewhere.
             callback=lambda _step: should_stop(),
             **self._sampling(),
         )
-        decoder = _IncrementalDecoder(self._decode)
+        decoder = _IncrementalDecoder(self._chat.decode)
         try:
             for step in steps:
-                if step.token_id in self._end_ids or should_stop():
+                if step.token_id in self._chat.end_ids or should_stop():
                     break
-                tag = self._tag_ids.get(step.token_id)
+                tag = self._chat.tag_ids.get(step.token_id)
                 if tag is not None:
                     yield tag
                     continue
@@ -358,6 +404,16 @@ class TransformersLlm(LocalLlm):
             worker.join()
 
 
+def llm_runtime(settings: Settings, device: str) -> str:
+    """The runtime `--llm-runtime auto` means: llama.cpp on a CPU (it keeps each conversation, so a
+    turn reads only what is new), for the weights it takes (a packaged model or a .gguf file);
+    CTranslate2 on a GPU, or for a hub name or a transformers folder."""
+    if settings.llm_runtime != "auto":
+        return settings.llm_runtime
+    gguf = settings.llm_model in PACKAGED_LLMS or settings.llm_model.endswith(".gguf")
+    return "llamacpp" if device == "cpu" and gguf else "ctranslate2"
+
+
 def load_llm(settings: Settings) -> LlmEngine:
     if settings.llm_url:
         from parley.engines.endpoint import OpenAiLlm
@@ -371,13 +427,29 @@ def load_llm(settings: Settings) -> LlmEngine:
         )
     device = resolve_device(settings.device)
     cache_dir = settings.resolved_cache_dir()
-    if settings.llm_runtime == "transformers":
+    runtime = llm_runtime(settings, device)
+    if runtime == "transformers":
         return TransformersLlm(
             llm_hf_source(cache_dir, settings.llm_model),
             device=device,
             max_tokens=settings.llm_max_tokens,
             temperature=settings.llm_temperature,
         )
+    if runtime == "llamacpp":
+        from parley.engines.llm_llamacpp import LlamaCppLlm
+
+        gguf, tokenizer_dir = llm_gguf(cache_dir, settings.llm_model)
+        engine = LlamaCppLlm(
+            gguf,
+            tokenizer_dir,
+            threads=cpu_threads(),
+            sequences=settings.llm_max_batch,
+            max_tokens=settings.llm_max_tokens,
+            temperature=settings.llm_temperature,
+        )
+        if settings.system_prompt:
+            engine.warm(settings.system_prompt)
+        return engine
     if settings.llm_max_batch > 1:
         from parley.engines.llm_batching import BatchedCt2Llm
 

@@ -32,24 +32,22 @@ from typing import Any
 
 from parley.engines.llm import (
     REPETITION_PENALTY,
+    STEPS_DONE,
     Ct2Llm,
     LlmError,
     Message,
     Tools,
-    _IncrementalDecoder,
+    deltas_from_steps,
 )
 from parley.log import event
 
 log = logging.getLogger(__name__)
 
 GATHER_S = 0.01  # a free replica waits this long for more replies asked at the same moment
-POLL_S = 0.05  # how often a caller waiting for its next token checks whether it should stop
 # A newcomer joins a running batch only while the running replies' prompts (read again when they go on)
 # are short: reading a prompt costs ~5 ms a token on 2 cores, a decoding step ~80 ms, so re-reading up to
 # this many tokens stalls the batch for less than the newcomer would wait for it to end (a reply: 2-3 s).
 REJOIN_MAX_TOKENS = 384
-
-_DONE = object()
 
 
 @dataclass
@@ -106,25 +104,8 @@ class BatchedCt2Llm(Ct2Llm):
                 raise LlmError("the LLM engine is closed")
             self._waiting.append(request)
             self._condition.notify()
-        decoder = _IncrementalDecoder(self._decode)
         try:
-            while True:
-                try:
-                    step = request.steps.get(timeout=POLL_S)
-                except queue.Empty:
-                    if should_stop():
-                        return
-                    continue
-                if step is _DONE:
-                    return
-                if isinstance(step, BaseException):
-                    raise LlmError(f"generation failed: {step}") from step
-                if step in self._end_ids or should_stop():
-                    return
-                tag = self._tag_ids.get(step)
-                delta = tag if tag is not None else decoder.push(step)
-                if delta:
-                    yield delta
+            yield from deltas_from_steps(request.steps, should_stop, self._chat)
         finally:
             request.stopped = True  # the replica drops it at its next step
 
@@ -217,7 +198,7 @@ class BatchedCt2Llm(Ct2Llm):
                 return True
             request.said.append(step.token_id)
             request.steps.put(step.token_id)
-            if step.token_id in self._end_ids or len(request.said) >= self.max_tokens:
+            if step.token_id in self._chat.end_ids or len(request.said) >= self.max_tokens:
                 request.finished = True
                 return True
             if rejoin or (room and self._waiting and self._worth_joining(batch)):
@@ -230,11 +211,11 @@ class BatchedCt2Llm(Ct2Llm):
         started = time.monotonic()
         try:
             self._generator.generate_batch(
-                [r.prompt + self._pieces(r.said) for r in batch],
+                [r.prompt + self._chat.pieces(r.said) for r in batch],
                 static_prompt=list(static) or None,
                 max_length=max(self.max_tokens - len(r.said) for r in batch),
                 repetition_penalty=REPETITION_PENALTY,
-                end_token=self._end_tokens or None,
+                end_token=self._chat.end_tokens or None,
                 include_prompt_in_result=False,
                 callback=on_step,
                 **self._sampling(),
@@ -259,15 +240,8 @@ class BatchedCt2Llm(Ct2Llm):
         going_on = [r for r in batch if not r.stopped and not r.finished] if rejoin else []
         for request in batch:
             if request not in going_on:
-                request.steps.put(_DONE)
+                request.steps.put(STEPS_DONE)
         if rejoin:
             with self._condition:
                 going_on += self._take(static, self.max_batch - len(going_on))
         return going_on
-
-    def _pieces(self, ids: list[int]) -> list[str]:
-        if not ids:
-            return []
-        with self._tokenizer_lock:
-            pieces: list[str] = self._tokenizer.convert_ids_to_tokens(ids)
-        return pieces

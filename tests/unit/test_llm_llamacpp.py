@@ -1,0 +1,178 @@
+"""The in-process llama.cpp LLM: the packaged Qwen2.5-0.5B GGUF, conversations kept between turns, replies of
+several calls decoded together."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from parley import metrics
+from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
+from parley.engines.cache import CacheError, llm_gguf, verify_folder
+from parley.engines.llm import LlmError, Message, load_llm
+from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm
+from parley.settings_sources import SettingsError, validate
+from tests.unit.test_engines_llm import BOOK, HELLO, looks_english, never
+
+ROME: list[Message] = [
+    {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+    {"role": "user", "content": "Tell me about the history of Rome."},
+]
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[LlamaCppLlm]:
+    engine = load_llm(Settings(llm_runtime="llamacpp", llm_max_tokens=24))
+    assert isinstance(engine, LlamaCppLlm)
+    yield engine
+    engine.close()
+
+
+def kept_and_read() -> tuple[float, float]:
+    sample = metrics.REGISTRY.get_sample_value
+    kept = sample("parley_llm_prompt_tokens_total", {"outcome": "kept"}) or 0.0
+    read = sample("parley_llm_prompt_tokens_total", {"outcome": "read"}) or 0.0
+    return kept, read
+
+
+def test_the_packaged_model_answers_and_the_next_turn_reads_only_what_is_new(llm: LlamaCppLlm) -> None:
+    conversation = [*BOOK]
+    first = "".join(llm.stream(conversation, never))
+    conversation += [{"role": "assistant", "content": first}, {"role": "user", "content": "Why that one?"}]
+    first_prompt = len(llm._chat.prompt_ids(BOOK))
+    kept_before, read_before = kept_and_read()
+
+    second = "".join(llm.stream(conversation, never))
+
+    kept, read = kept_and_read()
+    assert looks_english(first), first
+    assert second.strip(), second
+    # Everything up to the first reply stayed in the model's memory; only the new turn was read.
+    assert kept - kept_before >= first_prompt
+    assert read - read_before < 30
+
+
+def test_replies_decoded_together_say_what_each_says_alone(llm: LlamaCppLlm) -> None:
+    prompts = [HELLO, ROME, BOOK]
+    alone = ["".join(llm.stream(p, never)) for p in prompts]
+    together = [""] * len(prompts)
+    barrier = threading.Barrier(len(prompts))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        together[i] = "".join(llm.stream(prompts[i], never))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    # llama.cpp's matrix kernels differ with the batch's size, so a near tie between two tokens can go
+    # the other way far into a reply ("20 miles" / "40 miles"): the same reply, not the same bits.
+    for alone_text, together_text in zip(alone, together, strict=True):
+        assert looks_english(together_text), together_text
+        assert together_text.split()[:4] == alone_text.split()[:4], (together_text, alone_text)
+
+
+def test_a_new_conversation_copies_the_shared_system_prompt_from_a_reply_being_decoded(
+    llm: LlamaCppLlm,
+) -> None:
+    alone = "".join(llm.stream(HELLO, never))
+    gguf, tokenizer = llm_gguf(Settings().resolved_cache_dir(), "qwen2.5-0.5b")
+    engine = LlamaCppLlm(gguf, tokenizer, threads=2, sequences=2, max_tokens=24)
+    try:
+        system_tokens = len(engine._chat.prompt_ids(HELLO[:1], reply=False))
+        started = threading.Event()
+
+        def speaking() -> None:
+            for _ in engine.stream(ROME, never):  # in the first sequence; the second is empty
+                started.set()
+
+        thread = threading.Thread(target=speaking)
+        thread.start()
+        assert started.wait(30)
+        kept_before, _ = kept_and_read()
+        copied = "".join(engine.stream(HELLO, never))
+        kept, _ = kept_and_read()
+        thread.join()
+    finally:
+        engine.close()
+
+    assert kept - kept_before >= system_tokens >= 32
+    assert copied == alone  # the copied cells are the ones reading the system prompt would have made
+
+
+def test_stopping_stops_the_model_within_a_token(llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llm, "max_tokens", 80)
+    steps = 0
+    real = llm._model.decode
+
+    def counting(entries: list[tuple[int, int, int, bool]]) -> int:
+        nonlocal steps
+        steps += 1
+        return real(entries)
+
+    monkeypatch.setattr(llm._model, "decode", counting)
+    stop = threading.Event()
+    deltas = []
+    for delta in llm.stream(ROME, stop.is_set):
+        deltas.append(delta)
+        if len(deltas) == 3:
+            stop.set()
+            at_stop = steps
+    time.sleep(0.3)
+
+    assert len(deltas) == 3
+    assert steps - at_stop <= 2
+
+
+def test_a_caller_that_waits_pauses_its_own_reply_and_no_other(llm: LlamaCppLlm) -> None:
+    waiting_reply = llm.stream(ROME, never)
+    first = next(waiting_reply)  # then this caller stops reading for a while
+    other = "".join(llm.stream(BOOK, never))
+    held = [len(r.said) for r in llm._active]
+    rest = "".join(waiting_reply)
+
+    assert looks_english(other), other
+    assert held and max(held) <= 1 + HOLD_AHEAD + 1  # its reply went no further while the other spoke
+    assert looks_english(first + rest), first + rest
+
+
+def test_a_prompt_longer_than_a_conversation_can_hold_is_refused(llm: LlamaCppLlm) -> None:
+    huge: list[Message] = [{"role": "user", "content": "word " * 5000}]
+    with pytest.raises(LlmError, match="does not fit"):
+        "".join(llm.stream(huge, never))
+    assert looks_english("".join(llm.stream(HELLO, never)))  # the engine serves the next reply
+
+
+def test_the_system_prompt_is_read_at_load_and_the_engine_closes_cleanly() -> None:
+    engine = load_llm(Settings(llm_runtime="llamacpp", llm_model="smollm2-135m", llm_max_tokens=8))
+    assert isinstance(engine, LlamaCppLlm)
+    system_tokens = len(engine._chat.prompt_ids(HELLO[:1], reply=False))
+    kept_before, _ = kept_and_read()
+    assert "".join(engine.stream(HELLO, never)).strip()
+    kept, _ = kept_and_read()
+    assert kept - kept_before >= system_tokens  # the first call's first reply read only its question
+    engine.close()
+    assert not engine._thread.is_alive()
+    with pytest.raises(LlmError, match="closed"):
+        "".join(engine.stream(HELLO, never))
+
+
+def test_llama_cpp_takes_packaged_models_and_local_gguf_files_only(tmp_path: Path) -> None:
+    cache = Settings().resolved_cache_dir()
+    gguf, tokenizer = llm_gguf(cache, "smollm2-135m")
+    assert gguf.suffix == ".gguf" and (tokenizer / "tokenizer.json").is_file()
+    assert verify_folder(llm_gguf(cache, "qwen2.5-0.5b")[1])
+    local, local_tokenizer = llm_gguf(tmp_path, str(gguf))
+    assert local == gguf.resolve() and (local_tokenizer / "tokenizer.json").is_file()
+    with pytest.raises(CacheError, match="needs a GGUF file"):
+        llm_gguf(tmp_path, "Qwen/Qwen2.5-0.5B-Instruct")
+    validate(Settings(llm_runtime="llamacpp"))
+    with pytest.raises(SettingsError, match="llm_runtime"):
+        validate(Settings(llm_runtime="vllm"))
