@@ -56,6 +56,32 @@ def test_the_packaged_model_answers_and_the_next_turn_reads_only_what_is_new(llm
     assert read - read_before < 30
 
 
+def test_when_the_window_lets_the_oldest_turn_go_the_rest_is_kept_not_read_again(llm: LlamaCppLlm) -> None:
+    system = BOOK[0]
+    turns: list[Message] = []
+    for question, answer in (
+        ("What time does the bank open?", "Most banks open at nine in the morning."),
+        ("And when does it close?", "Usually at five in the afternoon."),
+        ("Is it open on Sundays?", "Most banks are closed on Sundays."),
+    ):
+        turns += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    first = [system, *turns, {"role": "user", "content": "Can I open an account online?"}]
+    reply = "".join(llm.stream(first, never))
+    # The next prompt, as a three-turn window makes it: the oldest turn gone, the last one added.
+    second = [system, *turns[2:], first[-1], {"role": "assistant", "content": reply}]
+    second.append({"role": "user", "content": "What do I need for that?"})
+    dropped = len(llm._chat.prompt_ids([system, *turns[:2]], reply=False))
+    dropped -= len(llm._chat.prompt_ids([system], reply=False))
+    kept_before, read_before = kept_and_read()
+
+    answer = "".join(llm.stream(second, never))
+
+    kept, read = kept_and_read()
+    assert looks_english(answer), answer
+    assert read - read_before < 30  # the new question, not the conversation again
+    assert kept - kept_before >= len(llm._chat.prompt_ids(first)) - dropped
+
+
 def test_replies_decoded_together_say_what_each_says_alone(llm: LlamaCppLlm) -> None:
     prompts = [HELLO, ROME, BOOK]
     alone = ["".join(llm.stream(p, never)) for p in prompts]
