@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import queue
 import random
 import time
 from pathlib import Path
@@ -99,6 +100,28 @@ def _caller_process(
         out.put({"caller": index, "rows": [], "error": repr(exc), "gaps_over_40ms": 0, "longest_gap_s": 0.0})
 
 
+async def _reports(out: Any, callers: int, deadline: float) -> list[dict[str, Any]]:
+    """Each caller's report; a caller that has sent none by the deadline counts as one whose every
+    question went unanswered (a saturated service can leave a caller stuck), not as the bench's end."""
+    results: list[dict[str, Any]] = []
+    while len(results) < callers:
+        try:
+            results.append(await asyncio.to_thread(out.get, True, max(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    missing = callers - len(results)
+    results += [
+        {
+            "caller": None,
+            "rows": [],
+            "error": "no report by the deadline",
+            "gaps_over_40ms": 0,
+            "longest_gap_s": 0.0,
+        }
+    ] * missing
+    return results
+
+
 async def _level(
     service: Service, callers: int, clips: list[np.ndarray], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -117,12 +140,15 @@ async def _level(
         process.start()
     await asyncio.sleep(3.0)  # connected and greeted: the window measures the questions
     cpu0, wall0 = cpu_seconds(pid), time.monotonic()
-    results = [await asyncio.to_thread(out.get, True, args.seconds + 120) for _ in processes]
+    results = await _reports(out, len(processes), deadline=time.monotonic() + args.seconds + 120)
     wall = time.monotonic() - wall0
     busy_core = (cpu_seconds(pid) - cpu0) / wall
     rss = rss_mb(pid)
     for process in processes:
         process.join(10)
+        if process.is_alive():  # a caller stuck past the deadline: it reported nothing
+            process.terminate()
+            process.join(5)
     rows = [row for result in results for row in result["rows"]]
     latencies = [r["response_s"] for r in rows if not r["missing"]]
     wrong = sum(not r["right"] for r in rows)
