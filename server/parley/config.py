@@ -212,10 +212,19 @@ class Settings:
             "engines",
         ),
     )
+    llm_threads: int = field(
+        default=0,
+        metadata=_opt(
+            "threads of the llama.cpp LLM (0: one per core for a lone call, one while several talk)",
+            "engines",
+        ),
+    )
     llm_max_batch: int = field(
         default=8,
         metadata=_opt(
-            "replies of different calls decoded together by a worker (1: one at a time)", "engines"
+            "replies of different calls decoded together (1: one at a time); llama.cpp keeps as many "
+            "conversations (~50 MB of KV cache each for Qwen2.5-0.5B)",
+            "engines",
         ),
     )
     llm_max_tokens: int = field(default=80, metadata=_opt("longest reply, in tokens", "engines"))

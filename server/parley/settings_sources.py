@@ -206,6 +206,8 @@ def validate(settings: Settings) -> None:
     rtp_port_range(settings.rtp_ports)
     if settings.max_calls < 1:
         raise SettingsError("max_calls must be at least 1")
+    if settings.llm_threads < 0:
+        raise SettingsError("llm_threads must be 0 (chosen by load) or more")
     if (
         settings.database
         and settings.database != "off"

@@ -22,11 +22,11 @@ from parley.engines.llm import (
     Ct2Llm,
     LlmError,
     Message,
-    TransformersLlm,
     _IncrementalDecoder,
     load_llm,
 )
 from parley.engines.llm_batching import BatchedCt2Llm
+from parley.engines.llm_transformers import TransformersLlm
 from tests.unit.test_engines_speech import normalise
 
 HELLO: list[Message] = [

@@ -12,7 +12,9 @@ import pytest
 
 from parley import metrics
 from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
+from parley.engines import llm_llamacpp as llamacpp
 from parley.engines.cache import CacheError, llm_gguf, verify_folder
+from parley.engines.device import cpu_threads
 from parley.engines.llm import LlmError, Message, load_llm
 from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm
 from parley.settings_sources import SettingsError, validate
@@ -169,6 +171,17 @@ def test_a_caller_that_waits_pauses_its_own_reply_and_no_other(llm: LlamaCppLlm)
     assert looks_english(first + rest), first + rest
 
 
+def test_it_decodes_on_every_core_for_one_conversation_and_on_one_while_several_talk(
+    llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    "".join(llm.stream(HELLO, never))
+    "".join(llm.stream(BOOK, never))  # another conversation, seconds after the first
+    assert llm._threads_now == 1
+    monkeypatch.setattr(llamacpp, "IN_FLIGHT_S", 0.0)  # the earlier conversations have gone quiet
+    "".join(llm.stream(HELLO, never))
+    assert llm._threads_now == cpu_threads()
+
+
 def test_a_prompt_longer_than_a_conversation_can_hold_is_refused(llm: LlamaCppLlm) -> None:
     huge: list[Message] = [{"role": "user", "content": "word " * 5000}]
     with pytest.raises(LlmError, match="does not fit"):
@@ -202,3 +215,5 @@ def test_llama_cpp_takes_packaged_models_and_local_gguf_files_only(tmp_path: Pat
     validate(Settings(llm_runtime="llamacpp"))
     with pytest.raises(SettingsError, match="llm_runtime"):
         validate(Settings(llm_runtime="vllm"))
+    with pytest.raises(SettingsError, match="llm_threads"):
+        validate(Settings(llm_threads=-1))

@@ -4,10 +4,10 @@ CTranslate2 forgets every prompt but the system message, so each reply reads the
 again (~4 ms a token on 2 cores: 0.2-0.9 s before the first token once a call has a history). Here each
 conversation keeps a sequence of its own in llama.cpp's KV cache, and a new prompt is matched to the free
 sequence that holds the most of it: the same start (the last prompt and reply; cut where the two part: a
-reply heard only in part, a word tokenised anew), with the oldest turn dropped and the rest moved up when
-the history's window has slid past it (the later cells stay where they are, a gap in their
-positions). Only the rest is read. A new conversation whose system prompt (and
-tools) another sequence holds copies those cells instead of reading them. Measured here (Qwen2.5-0.5B
+reply heard only in part, a word tokenised anew), less the oldest turn once the history's window has slid
+past it (its cells are dropped, the later ones stay, a gap in their positions). Only the rest is read. A
+new conversation whose system prompt (and tools) another sequence holds copies those cells instead of
+reading them; the default system prompt and greeting are read at load. Measured here (Qwen2.5-0.5B
 Q4_K_M, 2 threads): a decoding step 42 ms against CTranslate2 int8's ~90 ms; reading a prompt 10-17 ms a
 token against ~4, which keeping the conversations more than makes up.
 
@@ -20,7 +20,6 @@ gets the cores) pauses its own reply and no other.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import queue
 import threading
@@ -33,6 +32,15 @@ from typing import Any
 import numpy as np
 
 from parley import metrics
+from parley.engines.device import cpu_threads
+from parley.engines.llamacpp_model import (
+    BATCH_TOKENS,
+    CONTEXT_PER_SEQUENCE,
+    LlamaCppModel,
+    Sequence,
+    common_prefix,
+    dropped_span,
+)
 from parley.engines.llm import (
     REPETITION_PENALTY,
     SAMPLING_TOPK,
@@ -48,162 +56,33 @@ from parley.log import event
 
 log = logging.getLogger(__name__)
 
-CONTEXT_PER_SEQUENCE = 4096  # tokens of conversation each sequence can hold (the prompt window fits)
-BATCH_TOKENS = 512  # tokens read in one llama_decode at most
 # While other replies are speaking, a new prompt is read this many tokens a step at most: a step of
 # prompt costs ~10 ms a token, and every reply in the batch waits for it.
 SHARED_PREFILL_TOKENS = 96
 MAX_POSITION = 16384  # half of Qwen2.5's trained context: positions beyond stay untested
-SHIFT_PROBE_TOKENS = 8  # how much of the rest of a prompt is looked for further on in a sequence
 COPY_MIN_TOKENS = 32  # a shared start worth copying from another sequence rather than reading again
 # A reply whose caller has not taken this many of its tokens sits the next step out: a caller who reads
 # on keeps far ahead of it (a step is ~40 ms), one who waits pauses its reply within a token or two.
 HOLD_AHEAD = 2
+# A conversation whose reply ended this recently is still in flight: its caller is answering, and its
+# Whisper and TTS share the cores (a turn is asked every few seconds).
+IN_FLIGHT_S = 10.0
 PENALTY_WINDOW = 64  # the reply's last tokens that the repetition penalty looks at
-
-_LOG_LEVEL_ERROR = 4  # ggml_log_level: GGML_LOG_LEVEL_ERROR
 
 
 @dataclass
 class _Request:
     prompt: list[int]
-    should_stop: Callable[[], bool]
+    limit: int  # tokens to say at most (0: only read the prompt)
     steps: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
     stopped: bool = False  # its caller is gone or told to stop: dropped at the next step
     said: list[int] = field(default_factory=list)
     asked_at: float = field(default_factory=time.monotonic)
     started_at: float = 0.0
-    sequence: _Sequence | None = None
+    sequence: Sequence | None = None
     unread: list[int] = field(default_factory=list)  # prompt tokens not yet in the KV cache
     next_token: int | None = None  # sampled, to be fed at the next step
-    limit: int = 0  # tokens to say at most (0: only read the prompt)
     reused: int = 0  # prompt tokens found already in the KV cache
-
-
-@dataclass
-class _Sequence:
-    seq_id: int
-    tokens: list[int] = field(default_factory=list)  # what its KV cache holds, in order
-    # Each token's position. They rise by one, but for a gap where a dropped turn was: RoPE sees only
-    # distances, so the later turns look a little further back, and keep the cells they were computed in.
-    positions: list[int] = field(default_factory=list)
-    used_at: float = 0.0
-    request: _Request | None = None
-
-    def next_position(self) -> int:
-        return self.positions[-1] + 1 if self.positions else 0
-
-    def cut(self, model: _Model, start: int, end: int | None = None) -> None:
-        """Forget tokens[start:end] (to the end when None), in the KV cache and here."""
-        if start >= len(self.tokens) or (end is not None and end <= start):
-            return
-        if end is None or end >= len(self.tokens):
-            model.drop(self.seq_id, self.positions[start])
-            end = len(self.tokens)
-        else:
-            model.drop(self.seq_id, self.positions[start], self.positions[end])
-        del self.tokens[start:end]
-        del self.positions[start:end]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def _dropped_span(tokens: list[int], prompt: list[int], start: int) -> tuple[int, int]:
-    """(end, length): the prompt goes on from `start` with `tokens[end:end + length]`, as when the history's
-    window dropped its oldest turn (tokens[start:end]); (start, 0) when it does not."""
-    probe = prompt[start : start + SHIFT_PROBE_TOKENS]
-    if len(probe) < SHIFT_PROBE_TOKENS or len(tokens) <= start + SHIFT_PROBE_TOKENS:
-        return start, 0
-    held = np.asarray(tokens, dtype=np.int64)
-    best = (start, 0)
-    for end in np.flatnonzero(held[start + 1 :] == probe[0]) + start + 1:
-        if tokens[end : end + len(probe)] == probe:
-            length = _common_prefix(tokens[end:], prompt[start:])
-            if length > best[1]:
-                best = (int(end), length)
-    return best
-
-
-def _on_log(level: int, text: bytes, _data: Any) -> None:
-    if level == _LOG_LEVEL_ERROR and text:
-        log.warning("llama.cpp: %s", text.decode(errors="replace").rstrip())
-
-
-_log_callback: Any = None  # llama.cpp keeps one process-wide pointer to it: it must live as long
-
-
-def _route_logs(lc: Any) -> None:
-    """llama.cpp's errors to this log, the rest of its chatter dropped; once per process."""
-    global _log_callback
-    if _log_callback is None:
-        lc.llama_backend_init()
-        _log_callback = lc.llama_log_callback(_on_log)
-        lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
-
-
-class _Model:
-    """The llama.cpp model, context and batch, through the C API that llama-cpp-python binds."""
-
-    def __init__(self, gguf: Path, *, sequences: int, threads: int) -> None:
-        import llama_cpp as lc
-
-        self.lc = lc
-        _route_logs(lc)
-        params = lc.llama_model_default_params()
-        self.model = lc.llama_model_load_from_file(str(gguf).encode(), params)
-        if not self.model:
-            raise LlmError(f"llama.cpp could not load {gguf}")
-        self.vocab = lc.llama_model_get_vocab(self.model)
-        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = CONTEXT_PER_SEQUENCE * sequences
-        cparams.n_batch = cparams.n_ubatch = BATCH_TOKENS
-        cparams.n_seq_max = sequences
-        cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.kv_unified = False  # each sequence attends over its own cells only
-        cparams.no_perf = True
-        self.ctx = lc.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
-            lc.llama_model_free(self.model)
-            raise LlmError("llama.cpp could not create a context")
-        self.memory = lc.llama_get_memory(self.ctx)
-        self.batch = lc.llama_batch_init(BATCH_TOKENS, 0, 1)
-
-    def drop(self, seq_id: int, start: int, end: int = -1) -> None:
-        """Drop the sequence's cells at positions [start, end) (end -1: all from `start` on)."""
-        self.lc.llama_memory_seq_rm(self.memory, seq_id, start, end)
-
-    def copy(self, source: int, dest: int) -> None:
-        """Make sequence `dest` a copy of `source` (llama.cpp copies the cells at the next decode)."""
-        self.lc.llama_memory_seq_cp(self.memory, source, dest, -1, -1)
-
-    def decode(self, entries: list[tuple[int, int, int, bool]]) -> int:
-        """One llama_decode over (token, position, sequence, wants logits); llama.cpp's return code."""
-        batch = self.batch
-        batch.n_tokens = len(entries)
-        for i, (token, pos, seq_id, wants) in enumerate(entries):
-            batch.token[i] = token
-            batch.pos[i] = pos
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq_id
-            batch.logits[i] = wants
-        return int(self.lc.llama_decode(self.ctx, batch))
-
-    def logits(self, index: int) -> np.ndarray:
-        """The logits of batch entry `index`: a view of llama.cpp's buffer, valid until the next decode."""
-        pointer = self.lc.llama_get_logits_ith(self.ctx, index)
-        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
-
-    def close(self) -> None:
-        self.lc.llama_batch_free(self.batch)
-        self.lc.llama_free(self.ctx)
-        self.lc.llama_model_free(self.model)
 
 
 class LlamaCppLlm(LocalLlm):
@@ -217,7 +96,7 @@ class LlamaCppLlm(LocalLlm):
         gguf: Path,
         tokenizer_dir: Path,
         *,
-        threads: int,
+        threads: int = 0,
         sequences: int = 8,
         max_tokens: int = 80,
         temperature: float = 0.0,
@@ -227,8 +106,11 @@ class LlamaCppLlm(LocalLlm):
         self.max_tokens = max_tokens
         self.temperature = temperature
         self._chat = ChatTokenizer(tokenizer_dir)
-        self._model = _Model(gguf, sequences=max(1, sequences), threads=max(1, threads))
-        self._sequences = [_Sequence(i) for i in range(max(1, sequences))]
+        # 0: every core while one conversation is in flight, one thread while several are (see _threads)
+        self._fixed_threads = threads
+        self._threads_now = threads or cpu_threads()
+        self._model = LlamaCppModel(gguf, sequences=max(1, sequences), threads=self._threads_now)
+        self._sequences = [Sequence(i) for i in range(max(1, sequences))]
         self._rng = np.random.default_rng(seed)
         self._condition = threading.Condition()
         self._waiting: list[_Request] = []
@@ -247,7 +129,7 @@ class LlamaCppLlm(LocalLlm):
         prompt = self._chat.prompt_ids(messages, tools)
         if len(prompt) + self.max_tokens > CONTEXT_PER_SEQUENCE:
             raise LlmError(f"a prompt of {len(prompt)} tokens does not fit {CONTEXT_PER_SEQUENCE}")
-        request = self._ask(prompt, should_stop, self.max_tokens)
+        request = self._ask(prompt, self.max_tokens)
         try:
             yield from deltas_from_steps(request.steps, should_stop, self._chat)
         finally:
@@ -255,8 +137,8 @@ class LlamaCppLlm(LocalLlm):
             with self._condition:
                 self._condition.notify()
 
-    def _ask(self, prompt: list[int], should_stop: Callable[[], bool], limit: int) -> _Request:
-        request = _Request(prompt, should_stop, limit=limit)
+    def _ask(self, prompt: list[int], limit: int) -> _Request:
+        request = _Request(prompt, limit)
         with self._condition:
             if self._closed:
                 raise LlmError("the LLM engine is closed")
@@ -264,14 +146,14 @@ class LlamaCppLlm(LocalLlm):
             self._condition.notify()
         return request
 
-    def warm(self, system_prompt: str) -> None:
-        """Read a system prompt now, before any call: every conversation that begins with it then copies
-        its cells (measured: the first reply of a call waited 1.1-1.4 s more without)."""
-        prompt = self._chat.prompt_ids([{"role": "system", "content": system_prompt}], reply=False)
-        request = self._ask(prompt, lambda: False, limit=0)
+    def warm(self, messages: list[Message]) -> None:
+        """Read now, before any call, what every conversation begins with (the system prompt, the
+        greeting): each call then copies those cells (measured: its first reply waited 0.4-1.4 s more
+        without)."""
+        request = self._ask(self._chat.prompt_ids(messages, reply=False), limit=0)
         outcome = request.steps.get()
         if isinstance(outcome, BaseException):
-            raise LlmError(f"could not read the system prompt: {outcome}") from outcome
+            raise LlmError(f"could not read the conversation's start: {outcome}") from outcome
 
     def close(self) -> None:
         with self._condition:
@@ -326,7 +208,7 @@ class LlamaCppLlm(LocalLlm):
             sequence.used_at = time.monotonic()
 
     def _admit(self) -> None:
-        """Give waiting replies a free sequence: the one that holds the longest start of its prompt."""
+        """Give waiting replies a free sequence (see _place), and what of their prompt is left to read."""
         while self._waiting:
             request = self._waiting[0]
             if request.stopped:
@@ -337,17 +219,7 @@ class LlamaCppLlm(LocalLlm):
             if not free:
                 return
             self._waiting.pop(0)
-            best, keep = self._reusable(free, request.prompt)
-            donor = max(self._sequences, key=lambda s: _common_prefix(s.tokens, request.prompt))
-            shared = _common_prefix(donor.tokens, request.prompt)
-            if shared >= keep + COPY_MIN_TOKENS:
-                # Another sequence (another call's, maybe speaking now) starts the same way, with the
-                # same system prompt and tools: copy its cells rather than read them again.
-                best = min(free, key=lambda s: (len(s.tokens) > 0, s.used_at))
-                self._model.copy(donor.seq_id, best.seq_id)
-                best.tokens, best.positions = donor.tokens[:], donor.positions[:]
-                best.cut(self._model, shared)
-                keep = shared
+            best, keep = self._place(free, request.prompt)
             # At least the prompt's last token is read again: its logits give the first token.
             keep = min(keep, len(request.prompt) - 1)
             if best.next_position() + len(request.prompt) + self.max_tokens > MAX_POSITION:
@@ -362,24 +234,37 @@ class LlamaCppLlm(LocalLlm):
             request.started_at = time.monotonic()
             self._active.append(request)
 
-    def _reusable(self, free: list[_Sequence], prompt: list[int]) -> tuple[_Sequence, int]:
-        """The free sequence that holds the most of `prompt`, made to hold it from its start, and how much.
+    def _place(self, free: list[Sequence], prompt: list[int]) -> tuple[Sequence, int]:
+        """The free sequence for `prompt`, made to hold as much of its start as can be had, and how much.
 
-        A conversation's sequence holds its last prompt and reply. The next prompt begins with them, or,
+        A conversation's sequence holds its last prompt and reply. Its next prompt begins with them, or,
         once the history's window has let the oldest turn go, with the system prompt and then the rest:
         that turn's cells are dropped and the rest kept where they are, rather than read again (the kept
-        tokens were computed beside the dropped turn, which the model's reply hardly notices)."""
-        scored = []
+        tokens were computed beside the dropped turn, which the model's reply hardly notices). What a
+        sequence holds beyond what the prompt can use is another conversation's, lost if the prompt takes
+        it: a prompt that shares only the system prompt with it copies that start from any sequence into
+        an empty one (or the one used longest ago) instead.
+        """
+        options = []
         for sequence in free:
-            common = _common_prefix(sequence.tokens, prompt)
-            end, length = _dropped_span(sequence.tokens, prompt, common)
+            common = common_prefix(sequence.tokens, prompt)
+            end, length = dropped_span(sequence.tokens, prompt, common)
             if length < COPY_MIN_TOKENS:
                 end, length = common, 0
-            scored.append((common + length, -sequence.used_at, sequence.seq_id, end, common))
-        total, _, seq_id, end, common = max(scored)
+            lost = len(sequence.tokens) - (end - common) - (common + length)
+            options.append((common + length - lost, -sequence.used_at, sequence.seq_id, end, common, length))
+        value, _, seq_id, end, common, length = max(options)
+        donor = max(self._sequences, key=lambda s: common_prefix(s.tokens, prompt))
+        shared = common_prefix(donor.tokens, prompt)
+        target = min(free, key=lambda s: (len(s.tokens), s.used_at))
+        if donor is not target and shared - len(target.tokens) >= value + COPY_MIN_TOKENS:
+            self._model.copy(donor.seq_id, target.seq_id)
+            target.tokens, target.positions = donor.tokens[:], donor.positions[:]
+            target.cut(self._model, shared)
+            return target, shared
         sequence = self._sequences[seq_id]
         sequence.cut(self._model, common, end)
-        return sequence, total
+        return sequence, common + length
 
     def _step(self, ready: list[_Request]) -> None:
         """One llama_decode: a chunk of each unread prompt and the next token of each reply."""
@@ -410,6 +295,7 @@ class LlamaCppLlm(LocalLlm):
                 outputs.append(request)
         if not entries:
             return
+        self._threads()
         rc = self._model.decode(entries)
         if rc != 0:
             self._fail(ready, LlmError(f"llama.cpp could not decode (code {rc})"))
@@ -427,6 +313,25 @@ class LlamaCppLlm(LocalLlm):
             if entry[3]:
                 self._emit(outputs[position], self._model.logits(i))
                 position += 1
+
+    def _threads(self) -> None:
+        """Every core for a lone conversation; one thread while several are in flight.
+
+        llama.cpp's threads meet at a spinning barrier after every operation: when the other calls'
+        Whisper and TTS take a core from one of them, the other spins out its time slice. Measured with
+        three callers asking every 8-12 s (`bench capacity --full --levels 3`, back to back): one thread
+        answered p50 5.5 / p95 8.4 s with no reply lost, two threads 7.1 / 10.1 s with 4 lost; alone,
+        two threads decode a token in 42 ms against 63 and read 20 tokens in 0.29 s against 0.55.
+        """
+        if self._fixed_threads:
+            return
+        now = time.monotonic()
+        conversations = {r.sequence.seq_id for r in self._active if r.sequence is not None}
+        conversations |= {s.seq_id for s in self._sequences if now - s.used_at < IN_FLIGHT_S}
+        threads = cpu_threads() if len(conversations) <= 1 else 1
+        if threads != self._threads_now:
+            self._model.set_threads(threads)
+            self._threads_now = threads
 
     def _emit(self, request: _Request, logits: np.ndarray) -> None:
         if request.limit <= 0:  # a prompt read ahead (warm)

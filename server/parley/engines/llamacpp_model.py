@@ -1,0 +1,156 @@
+"""llama.cpp's model, context and batch through the C API that llama-cpp-python binds, and its sequences.
+
+The engine (`llm_llamacpp.py`) decides what to read and keep; this module only loads the model, holds one
+context with a KV-cache sequence per conversation, runs `llama_decode` over a batch of entries, and
+keeps, for each sequence, the tokens its cells hold and where a prompt can take them up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parley.engines.llm import LlmError
+
+log = logging.getLogger(__name__)
+
+CONTEXT_PER_SEQUENCE = 4096  # tokens of conversation each sequence can hold (the prompt window fits)
+BATCH_TOKENS = 512  # tokens read in one llama_decode at most
+SHIFT_PROBE_TOKENS = 8  # how much of the rest of a prompt is looked for further on in a sequence
+_LOG_LEVEL_ERROR = 4  # ggml_log_level: GGML_LOG_LEVEL_ERROR
+
+
+def _on_log(level: int, text: bytes, _data: Any) -> None:
+    if level == _LOG_LEVEL_ERROR and text:
+        log.warning("llama.cpp: %s", text.decode(errors="replace").rstrip())
+
+
+_log_callback: Any = None  # llama.cpp keeps one process-wide pointer to it: it must live as long
+
+
+def _route_logs(lc: Any) -> None:
+    """llama.cpp's errors to this log, the rest of its chatter dropped; once per process."""
+    global _log_callback
+    if _log_callback is None:
+        lc.llama_backend_init()
+        _log_callback = lc.llama_log_callback(_on_log)
+        lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+class LlamaCppModel:
+    """The llama.cpp model, context and batch, through the C API that llama-cpp-python binds."""
+
+    def __init__(self, gguf: Path, *, sequences: int, threads: int) -> None:
+        import llama_cpp as lc
+
+        self.lc = lc
+        _route_logs(lc)
+        params = lc.llama_model_default_params()
+        self.model = lc.llama_model_load_from_file(str(gguf).encode(), params)
+        if not self.model:
+            raise LlmError(f"llama.cpp could not load {gguf}")
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = CONTEXT_PER_SEQUENCE * sequences
+        cparams.n_batch = cparams.n_ubatch = BATCH_TOKENS
+        cparams.n_seq_max = sequences
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.kv_unified = False  # each sequence attends over its own cells only
+        cparams.no_perf = True
+        self.ctx = lc.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            lc.llama_model_free(self.model)
+            raise LlmError("llama.cpp could not create a context")
+        self.memory = lc.llama_get_memory(self.ctx)
+        self.batch = lc.llama_batch_init(BATCH_TOKENS, 0, 1)
+
+    def set_threads(self, threads: int) -> None:
+        self.lc.llama_set_n_threads(self.ctx, threads, threads)
+
+    def drop(self, seq_id: int, start: int, end: int = -1) -> None:
+        """Drop the sequence's cells at positions [start, end) (end -1: all from `start` on)."""
+        self.lc.llama_memory_seq_rm(self.memory, seq_id, start, end)
+
+    def copy(self, source: int, dest: int) -> None:
+        """Make sequence `dest` a copy of `source` (llama.cpp copies the cells at the next decode)."""
+        self.lc.llama_memory_seq_cp(self.memory, source, dest, -1, -1)
+
+    def decode(self, entries: list[tuple[int, int, int, bool]]) -> int:
+        """One llama_decode over (token, position, sequence, wants logits); llama.cpp's return code."""
+        batch = self.batch
+        batch.n_tokens = len(entries)
+        for i, (token, pos, seq_id, wants) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq_id
+            batch.logits[i] = wants
+        return int(self.lc.llama_decode(self.ctx, batch))
+
+    def logits(self, index: int) -> np.ndarray:
+        """The logits of batch entry `index`: a view of llama.cpp's buffer, valid until the next decode."""
+        pointer = self.lc.llama_get_logits_ith(self.ctx, index)
+        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
+
+    def close(self) -> None:
+        self.lc.llama_batch_free(self.batch)
+        self.lc.llama_free(self.ctx)
+        self.lc.llama_model_free(self.model)
+
+
+@dataclass
+class Sequence:
+    """One KV-cache sequence: a conversation's cells, and the reply using them now (None: free)."""
+
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)  # what its KV cache holds, in order
+    # Each token's position. They rise by one, but for a gap where a dropped turn was: RoPE sees only
+    # distances, so the later turns look a little further back, and keep the cells they were computed in.
+    positions: list[int] = field(default_factory=list)
+    used_at: float = 0.0
+    request: object | None = None
+
+    def next_position(self) -> int:
+        return self.positions[-1] + 1 if self.positions else 0
+
+    def cut(self, model: LlamaCppModel, start: int, end: int | None = None) -> None:
+        """Forget tokens[start:end] (to the end when None), in the KV cache and here."""
+        if start >= len(self.tokens) or (end is not None and end <= start):
+            return
+        if end is None or end >= len(self.tokens):
+            model.drop(self.seq_id, self.positions[start])
+            end = len(self.tokens)
+        else:
+            model.drop(self.seq_id, self.positions[start], self.positions[end])
+        del self.tokens[start:end]
+        del self.positions[start:end]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def dropped_span(tokens: list[int], prompt: list[int], start: int) -> tuple[int, int]:
+    """(end, length): the prompt goes on from `start` with `tokens[end:end + length]`, as when the history's
+    window dropped its oldest turn (tokens[start:end]); (start, 0) when it does not."""
+    probe = prompt[start : start + SHIFT_PROBE_TOKENS]
+    if len(probe) < SHIFT_PROBE_TOKENS or len(tokens) <= start + SHIFT_PROBE_TOKENS:
+        return start, 0
+    held = np.asarray(tokens, dtype=np.int64)
+    best = (start, 0)
+    for end in np.flatnonzero(held[start + 1 :] == probe[0]) + start + 1:
+        if tokens[end : end + len(probe)] == probe:
+            length = common_prefix(tokens[end:], prompt[start:])
+            if length > best[1]:
+                best = (int(end), length)
+    return best
