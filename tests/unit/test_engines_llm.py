@@ -20,6 +20,7 @@ from parley.engines.endpoint import OpenAiLlm
 from parley.engines.llm import (
     MAX_STATIC_PROMPTS,
     Ct2Llm,
+    LlmEngine,
     LlmError,
     Message,
     _IncrementalDecoder,
@@ -65,6 +66,23 @@ def never() -> bool:
 def looks_english(text: str) -> bool:
     words = normalise(text).split()
     return text.isascii() and len(words) >= 4 and len(ENGLISH.intersection(words)) >= 2
+
+
+def replies_asked_together(llm: LlmEngine, prompts: list[list[Message]]) -> list[str]:
+    """Each prompt's whole reply, all asked at the same instant from threads of their own."""
+    together = [""] * len(prompts)
+    barrier = threading.Barrier(len(prompts))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        together[i] = "".join(llm.stream(prompts[i], never))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return together
 
 
 @pytest.fixture(scope="module")
@@ -226,18 +244,7 @@ def test_the_batched_engine_gives_each_of_several_callers_its_own_greedy_reply(
     monkeypatch.setattr(llm, "max_tokens", 20)
     prompts = [HELLO, ROME]
     alone = ["".join(llm.stream(p, never)) for p in prompts]
-    together: list[str] = ["", ""]
-    barrier = threading.Barrier(len(prompts))
-
-    def run(i: int) -> None:
-        barrier.wait()
-        together[i] = "".join(llm.stream(prompts[i], never))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together = replies_asked_together(llm, prompts)
 
     assert isinstance(llm, BatchedCt2Llm) and llm.max_batch > 1
     assert together[1] == alone[1]  # the same words, whoever else was decoded alongside

@@ -18,7 +18,7 @@ from parley.engines.device import cpu_threads
 from parley.engines.llm import LlmError, Message, load_llm
 from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm
 from parley.settings_sources import SettingsError, validate
-from tests.unit.test_engines_llm import BOOK, HELLO, looks_english, never
+from tests.unit.test_engines_llm import BOOK, HELLO, looks_english, never, replies_asked_together
 
 ROME: list[Message] = [
     {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
@@ -87,18 +87,7 @@ def test_when_the_window_lets_the_oldest_turn_go_the_rest_is_kept_not_read_again
 def test_replies_decoded_together_say_what_each_says_alone(llm: LlamaCppLlm) -> None:
     prompts = [HELLO, ROME, BOOK]
     alone = ["".join(llm.stream(p, never)) for p in prompts]
-    together = [""] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
-
-    def run(i: int) -> None:
-        barrier.wait()
-        together[i] = "".join(llm.stream(prompts[i], never))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together = replies_asked_together(llm, prompts)
 
     # llama.cpp's matrix kernels differ with the batch's size, so a near tie between two tokens can go
     # the other way far into a reply ("20 miles" / "40 miles"): the same reply, not the same bits.

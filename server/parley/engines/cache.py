@@ -356,13 +356,11 @@ def llm_ct2_dir(cache_dir: Path, model: str, *, full: bool = False) -> Path:
 GGUF_FILE = "model.gguf"
 
 
-def _gguf_folder(source: Path, out: Path, *, keep_weights: bool) -> None:
-    """The tokenizer (with its chat template) read from a GGUF, and the GGUF itself when `keep_weights`."""
+def _save_gguf_tokenizer(gguf: Path, out: Path) -> None:
+    """The tokenizer (with its chat template) that a GGUF carries, saved where transformers reads it."""
     from transformers import AutoTokenizer
 
-    AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name).save_pretrained(out)
-    if keep_weights:
-        shutil.copyfile(source, out / GGUF_FILE)
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
 
 
 def llm_gguf(cache_dir: Path, model: str, *, full: bool = False) -> tuple[Path, Path]:
@@ -371,8 +369,12 @@ def llm_gguf(cache_dir: Path, model: str, *, full: bool = False) -> tuple[Path, 
     if packaged is not None:
 
         def build(out: Path) -> None:
-            with tempfile.TemporaryDirectory(prefix=f".tmp-{packaged.name}-join-", dir=out.parent) as scratch:
-                _gguf_folder(_packaged_gguf(packaged, Path(scratch)), out, keep_weights=True)
+            gguf = _packaged_gguf(packaged, out)  # joined in `out`, or the package's own file
+            if gguf.parent == out:
+                gguf.rename(out / GGUF_FILE)
+            else:
+                shutil.copyfile(gguf, out / GGUF_FILE)
+            _save_gguf_tokenizer(out / GGUF_FILE, out)
 
         folder = ensure_folder(cache_dir / f"{packaged.name}-gguf", build, source=packaged.source, full=full)
         return folder / GGUF_FILE, folder
@@ -385,9 +387,7 @@ def llm_gguf(cache_dir: Path, model: str, *, full: bool = False) -> tuple[Path, 
     source = local.resolve()
     digest = hashlib.sha256(str(source).encode()).hexdigest()[:8]
     dest = cache_dir / f"llm-{_slug(source.stem)}-{digest}-tokenizer"
-    folder = ensure_folder(
-        dest, lambda out: _gguf_folder(source, out, keep_weights=False), source=str(source), full=full
-    )
+    folder = ensure_folder(dest, lambda out: _save_gguf_tokenizer(source, out), source=str(source), full=full)
     return source, folder
 
 

@@ -272,8 +272,7 @@ class LlamaCppLlm(LocalLlm):
         budget = BATCH_TOKENS - len(decoding)
         per_prompt = SHARED_PREFILL_TOKENS if decoding else budget
         entries: list[tuple[int, int, int, bool]] = []
-        outputs: list[_Request] = []
-        fed: list[tuple[_Request, list[int]]] = []
+        fed: list[tuple[_Request, list[int], int | None]] = []  # and the entry whose logits it gets
         for request in ready:
             sequence = request.sequence
             assert sequence is not None
@@ -286,13 +285,11 @@ class LlamaCppLlm(LocalLlm):
             else:
                 assert request.next_token is not None
                 chunk = [request.next_token]
-            last = len(chunk) == len(request.unread) if request.unread else True
+            last = len(chunk) == len(request.unread) or not request.unread
             start = sequence.next_position()
             for i, token in enumerate(chunk):
                 entries.append((token, start + i, sequence.seq_id, last and i == len(chunk) - 1))
-            fed.append((request, chunk))
-            if last:
-                outputs.append(request)
+            fed.append((request, chunk, len(entries) - 1 if last else None))
         if not entries:
             return
         self._threads()
@@ -300,19 +297,15 @@ class LlamaCppLlm(LocalLlm):
         if rc != 0:
             self._fail(ready, LlmError(f"llama.cpp could not decode (code {rc})"))
             return
-        for request, chunk in fed:
+        for request, chunk, _ in fed:
             assert request.sequence is not None
             start = request.sequence.next_position()
             request.sequence.tokens += chunk
             request.sequence.positions += range(start, start + len(chunk))
-            if request.unread:
-                del request.unread[: len(chunk)]
-        # Logits are numbered by the batch entries that asked for them, in batch order.
-        position = 0
-        for i, entry in enumerate(entries):
-            if entry[3]:
-                self._emit(outputs[position], self._model.logits(i))
-                position += 1
+            del request.unread[: len(chunk)]
+        for request, _, output in fed:
+            if output is not None:
+                self._emit(request, self._model.logits(output))
 
     def _threads(self) -> None:
         """Every core for a lone conversation; one thread while several are in flight.
