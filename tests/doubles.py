@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,9 @@ class LoudnessVad:
 
     def new_stream(self) -> LoudnessVadStream:
         return LoudnessVadStream()
+
+    def probabilities(self, pairs: Sequence[tuple[Any, np.ndarray]]) -> list[float]:
+        return [stream.probability(chunk) for stream, chunk in pairs]
 
 
 class ScriptedStt:

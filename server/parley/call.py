@@ -47,9 +47,10 @@ from parley.pipeline.messages import (
 from parley.pipeline.queues import StageQueue
 from parley.pipeline.replying import LlmStage
 from parley.pipeline.speculation import SpeculativeReplies
-from parley.pipeline.stages import BackchannelStage, SttStage, TtsStage, VadItem, VadStage
+from parley.pipeline.stages import BackchannelStage, StageRunner, SttStage, TtsStage
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import TurnTaker
+from parley.pipeline.vad_stage import VadInbox, VadStage
 
 if TYPE_CHECKING:
     from parley.transports.base import LineControl
@@ -111,7 +112,7 @@ class Call:
         self._greeted = False
         self._lost_turns = 0  # turns an engine failed on (apologised for)
 
-        self.vad_in: StageQueue[VadItem] = StageQueue("vad", maxsize=INBOUND_QUEUE_FRAMES)
+        self.vad_in = VadInbox(engines.vad.chunk_samples, maxsize=INBOUND_QUEUE_FRAMES)
         self.backchannel_in: StageQueue[BackchannelQuery] = StageQueue("backchannel")
         self.stt_in: StageQueue[Utterance | EarlyUtterance] = StageQueue("stt")
         self.llm_in: StageQueue[Transcript] = StageQueue("llm")
@@ -119,8 +120,15 @@ class Call:
         chunk_ms = 1000 * engines.vad.chunk_samples / engines.vad.sample_rate
         self.decisions = TurnDecisions(self)
         self.turns = TurnTaker(settings, self.tracker, self.decisions, chunk_ms)
-        self._threads: list[threading.Thread] = [
-            VadStage(self, self.vad_in, engines.vad, self.turns, self.decisions.keys_entered),
+        self._threads: list[StageRunner] = [
+            VadStage(
+                call_id,
+                self.vad_in,
+                engines.vad_worker,
+                self.turns,
+                settings.keypad_timeout_ms / 1000,
+                self.decisions.keys_entered,
+            ),
             SttStage(self, self.stt_in, engines.stt, self.llm_in),
             BackchannelStage(
                 self,
@@ -232,7 +240,7 @@ class Call:
     def ended(self) -> bool:
         return self._ended.is_set()
 
-    def stuck_threads(self) -> list[threading.Thread]:
+    def stuck_threads(self) -> list[StageRunner]:
         """Stage threads still running after `join` gave up on them."""
         return [t for t in self._threads if t.is_alive()]
 

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import secrets
 import sys
-import threading
 import traceback
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
@@ -16,6 +15,7 @@ from typing import Protocol
 
 from parley.call import Call
 from parley.log import event
+from parley.pipeline.stages import StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class CallRegistry:
         self._setting_up: dict[str, Call] = {}
         self.closing = False  # set by end_all: no call is admitted any more
         self.observers: list[CallObserver] = []  # call records, call events
-        self.stuck: list[tuple[str, threading.Thread]] = []  # stage threads that did not stop with their call
+        self.stuck: list[tuple[str, StageRunner]] = []  # stage threads that did not stop with their call
 
     @staticmethod
     def new_call_id() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,6 +21,7 @@ from parley.engines.llm import LlmEngine, llm_runtime, load_llm
 from parley.engines.stt import SttEngine, load_stt
 from parley.engines.tts import TtsEngine, load_tts, voice_files
 from parley.engines.vad import VadEngine, load_vad, packaged_silero_path
+from parley.engines.vad_batching import VadWorker
 from parley.log import event
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,14 @@ class Engines:
     stt: SttEngine
     llm: LlmEngine
     tts: TtsEngine
+    vad_worker: VadWorker = field(init=False)  # runs every call's VAD stage, batching the VAD model
+
+    def __post_init__(self) -> None:
+        self.vad_worker = VadWorker(self.vad)
 
     def close(self) -> None:
         """Stop the worker threads of the engines that have them (idempotent)."""
+        self.vad_worker.close()
         for engine in (self.stt, self.llm, self.tts, self.vad):
             close = getattr(engine, "close", None)
             if callable(close):

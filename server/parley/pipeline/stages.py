@@ -1,4 +1,5 @@
-"""The four stage threads of a call: VAD -> STT -> LLM -> TTS, each reading its own queue.
+"""The stage threads of a call: STT, the backchannel check and TTS, each reading its own queue (the VAD
+stage, which the process's VAD worker runs, is in vad_stage.py; the LLM stage in replying.py).
 
 A stage never waits on another stage: it reads its queue, does its work on the shared engine, and
 puts the result on the next queue (or into the Outbound). Work whose revision or generation went
@@ -10,31 +11,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import soundfile
 
 from parley import metrics
-from parley.audio import PIPELINE_RATE, FrameSplitter, resample
+from parley.audio import PIPELINE_RATE, resample
 from parley.config import Settings
 from parley.engines.stt import SttEngine, Transcription
 from parley.engines.tts import TtsEngine
-from parley.engines.vad import VadEngine
 from parley.log import event
 from parley.outbound import Outbound
 from parley.pipeline.backchannels import BackchannelJudge
 from parley.pipeline.history import Conversation
-from parley.pipeline.keypad import KeypadEntry
 from parley.pipeline.messages import (
     AudioChunk,
     BackchannelQuery,
     BargeVerdict,
     EarlyUtterance,
     EndOfResponse,
-    InboundFrame,
-    KeypadDigit,
     ReplyText,
     Response,
     Tag,
@@ -43,7 +39,7 @@ from parley.pipeline.messages import (
 )
 from parley.pipeline.queues import QueueClosed, StageQueue
 from parley.pipeline.segmenter import split_sentences
-from parley.pipeline.turntaking import TurnTaker
+from parley.pipeline.vad_stage import VadItem
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +65,22 @@ class StageContext(Protocol):
     def apologise(self) -> None:
         """A model failed on the caller's turn: tell the caller (or end the call after too many)."""
         ...
+
+
+class StageRunner(Protocol):
+    """What a call starts, joins and reports of a stage: its thread (a Stage), or the VAD stage, which the
+    process's VAD worker runs."""
+
+    name: str
+
+    @property
+    def ident(self) -> int | None: ...
+
+    def start(self) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
 
 
 class Stage(threading.Thread, Generic[Item]):
@@ -107,57 +119,6 @@ class Stage(threading.Thread, Generic[Item]):
 
     def recover(self, item: Item) -> None:
         """After a failure on `item`: leave the call consistent (by default, nothing to do)."""
-
-
-VadItem = InboundFrame | KeypadDigit | BargeVerdict
-
-
-class VadStage(Stage[VadItem]):
-    """Speech probabilities per VAD chunk for the turn-taker, and keypad entries and backchannel verdicts
-    in order with them."""
-
-    stage_name = "vad"
-    engine_name = "vad"
-    idle_timeout_s = 0.1  # a keypad entry still times out when no audio arrives (a peer on hold)
-
-    def __init__(
-        self,
-        ctx: StageContext,
-        inbox: StageQueue[VadItem],
-        vad: VadEngine,
-        turns: TurnTaker,
-        on_keys: Callable[[str], None],
-    ):
-        super().__init__(ctx, inbox)
-        self.stream = vad.new_stream()
-        self.splitter = FrameSplitter(vad.chunk_samples)
-        self.turns = turns
-        self.keypad = KeypadEntry(ctx.settings.keypad_timeout_ms / 1000)
-        self._on_keys = on_keys
-        self._latency = metrics.STAGE_LATENCY.labels(stage="vad")
-
-    def handle(self, item: VadItem) -> None:
-        if isinstance(item, KeypadDigit):
-            self._keys(self.keypad.push(item.digit, item.arrived_at))
-            return
-        if isinstance(item, BargeVerdict):
-            self.turns.verdict(item)
-            return
-        for chunk in self.splitter.push(item.pcm):
-            started = time.perf_counter()
-            probability = self.stream.probability(chunk)
-            self._latency.observe(time.perf_counter() - started)
-            self.turns.process(chunk, probability, item.arrived_at)
-        self._keys(self.keypad.poll(item.arrived_at))
-
-    def idle(self) -> None:
-        now = time.monotonic()
-        self._keys(self.keypad.poll(now))
-        self.turns.poll(now)
-
-    def _keys(self, entry: str | None) -> None:
-        if entry:
-            self._on_keys(entry)
 
 
 class SttStage(Stage[Utterance | EarlyUtterance]):
