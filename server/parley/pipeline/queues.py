@@ -65,12 +65,17 @@ class StageQueue(Generic[T]):
         with self._cond:
             if self._closed:
                 return False
+            dropped = None
             if self.maxsize > 0 and len(self._items) >= self.maxsize:
-                self._items.popleft()
+                dropped = self._items.popleft()
                 metrics.FRAMES_DROPPED_TOTAL.labels(reason=f"{self.stage}_queue_full").inc()
             self._items.append(item)
-            self._cond.notify()
+            self._added(item, dropped)
             return True
+
+    def _added(self, item: T, dropped: T | None) -> None:
+        """`item` went in (and `dropped` out, the queue being full), under the lock: wake the reader."""
+        self._cond.notify()
 
     def get(self, timeout: float | None = None) -> T | None:
         """Block until an item arrives (None on timeout); raise QueueClosed once closed and drained."""

@@ -46,25 +46,18 @@ class VadInbox(StageQueue[VadItem]):
         self.consumed = 0
         self.last_put_at = time.monotonic()
 
-    def put(self, item: VadItem) -> bool:
-        frame = isinstance(item, InboundFrame)
-        arrived_at = item.arrived_at if isinstance(item, InboundFrame | KeypadDigit) else time.monotonic()
-        with self._cond:
-            if self._closed:
-                return False
-            if self.maxsize > 0 and len(self._items) >= self.maxsize:
-                dropped = self._items.popleft()
-                if isinstance(dropped, InboundFrame):
-                    self.received -= dropped.pcm.size
-                metrics.FRAMES_DROPPED_TOTAL.labels(reason="vad_queue_full").inc()
-            self._items.append(item)
-            if isinstance(item, InboundFrame):
-                self.received += item.pcm.size
-            due = not frame or self.received - self.consumed >= self.chunk_samples
-        self.last_put_at = arrived_at
-        if due:
+    def _added(self, item: VadItem, dropped: VadItem | None) -> None:
+        # Under the queue's lock; the worker never takes a queue's lock while holding its own.
+        if isinstance(dropped, InboundFrame):
+            self.received -= dropped.pcm.size
+        if isinstance(item, InboundFrame):
+            self.received += item.pcm.size
+            self.last_put_at = item.arrived_at
+            if self.received - self.consumed >= self.chunk_samples:
+                self.wake()
+        else:
+            self.last_put_at = item.arrived_at if isinstance(item, KeypadDigit) else time.monotonic()
             self.wake()
-        return True
 
     def take_all(self) -> list[VadItem]:
         """Everything waiting (maybe nothing); raises QueueClosed once closed."""
