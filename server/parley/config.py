@@ -215,7 +215,7 @@ class Settings:
     llm_threads: int = field(
         default=0,
         metadata=_opt(
-            "threads of the llama.cpp LLM (0: one per core for a lone call, one while several talk)",
+            "threads of the llama.cpp LLM (0: by load, see engines/llm_llamacpp.py)",
             "engines",
         ),
     )

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from parley.config import Settings
+from parley.engines.compute_load import COMPUTE
 from parley.engines.stt import SttClosed, Transcription, WhisperStt, load_stt
 from tests.unit.test_engines_speech import needs_espeak, normalise, speech
 
@@ -188,3 +189,21 @@ def test_close_stops_the_workers_and_refuses_new_work(voices: dict[str, np.ndarr
     assert len(workers) == 2 and not any(w.is_alive() for w in workers)
     with pytest.raises(SttClosed):
         engine.transcribe(voices[PHRASES[0]])
+
+
+def test_whisper_counts_as_computing_while_it_transcribes(
+    stt: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    busy_inside: list[bool] = []
+    run = stt._run
+
+    def watched(windows: list[Any]) -> Any:
+        busy_inside.append(COMPUTE.busy())
+        return run(windows)
+
+    monkeypatch.setattr(stt, "_run", watched)
+    heard = stt.transcribe(voices[PHRASES[0]])
+
+    assert words_right(heard.text, PHRASES[0]) >= 0.8, heard.text
+    assert busy_inside == [True]  # the LLM steps aside while Whisper computes (compute_load.py)
+    assert not COMPUTE.busy()

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from parley.audio import PIPELINE_RATE, resample
 from parley.config import DEFAULT_GREETING, Settings
+from parley.engines.compute_load import COMPUTE
 from parley.engines.stt import SttEngine
 from parley.engines.tts import PhraseCache, load_tts, voice_files
 from tests.unit.test_engines_speech import normalise
@@ -124,3 +127,22 @@ def test_a_sentence_cut_short_is_not_cached(tts: PhraseCache) -> None:
     started = time.perf_counter()
     list(tts.synthesize(sentence))
     assert time.perf_counter() - started > 0.02  # synthesised again, not served from a partial entry
+
+
+def test_piper_counts_as_computing_while_it_synthesises_and_not_while_its_audio_is_used(
+    tts: PhraseCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    voice = tts.engine._voice  # type: ignore[attr-defined]
+    synthesize = voice.synthesize
+    busy_inside: list[bool] = []
+
+    def watched(text: str) -> Iterator[Any]:
+        for chunk in synthesize(text):
+            busy_inside.append(COMPUTE.busy())
+            yield chunk
+
+    monkeypatch.setattr(voice, "synthesize", watched)
+    busy_between = [COMPUTE.busy() for _ in tts.engine.synthesize("One sentence. And another one.")]
+
+    assert busy_inside == [True, True]  # the LLM steps aside while Piper computes (compute_load.py)
+    assert busy_between == [False, False]  # but not while the TTS stage hands the audio on

@@ -14,6 +14,7 @@ from parley import metrics
 from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
 from parley.engines import llm_llamacpp as llamacpp
 from parley.engines.cache import CacheError, llm_gguf, verify_folder
+from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads
 from parley.engines.llm import LlmError, Message, load_llm
 from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm
@@ -169,6 +170,31 @@ def test_it_decodes_on_every_core_for_one_conversation_and_on_one_while_several_
     monkeypatch.setattr(llamacpp, "IN_FLIGHT_S", 0.0)  # the earlier conversations have gone quiet
     "".join(llm.stream(HELLO, never))
     assert llm._threads_now == cpu_threads()
+
+
+@pytest.mark.skipif(cpu_threads() < 2, reason="one core: every step runs on it")
+def test_prompts_are_read_on_every_core_even_while_several_talk_and_it_steps_aside_for_other_engines(
+    llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chosen: list[int] = []
+    set_threads = llm._model.set_threads
+
+    def recording(threads: int) -> None:
+        chosen.append(threads)
+        set_threads(threads)
+
+    monkeypatch.setattr(llm._model, "set_threads", recording)
+    "".join(llm.stream(HELLO, never))
+    "".join(llm.stream(BOOK, never))  # two conversations in flight: their tokens come on one thread
+    chosen.clear()
+    "".join(llm.stream(ROME, never))  # a third: its prompt on every core, its tokens on one thread
+    assert chosen == [cpu_threads(), 1]
+    assert llm._threads_now == 1
+
+    chosen.clear()
+    with COMPUTE.running():  # Whisper or Piper is computing: even a prompt takes one thread
+        "".join(llm.stream([*ROME, {"role": "user", "content": "And of Athens?"}], never))
+    assert chosen == [] and llm._threads_now == 1
 
 
 def test_a_prompt_longer_than_a_conversation_can_hold_is_refused(llm: LlamaCppLlm) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from parley import metrics
+from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads
 from parley.engines.llamacpp_model import (
     BATCH_TOKENS,
@@ -292,7 +293,7 @@ class LlamaCppLlm(LocalLlm):
             fed.append((request, chunk, len(entries) - 1 if last else None))
         if not entries:
             return
-        self._threads()
+        self._threads(reading=any(request.unread for request, _, _ in fed))
         rc = self._model.decode(entries)
         if rc != 0:
             self._fail(ready, LlmError(f"llama.cpp could not decode (code {rc})"))
@@ -307,21 +308,27 @@ class LlamaCppLlm(LocalLlm):
             if output is not None:
                 self._emit(request, self._model.logits(output))
 
-    def _threads(self) -> None:
-        """Every core for a lone conversation; one thread while several are in flight.
+    def _threads(self, reading: bool) -> None:
+        """Every core for a lone conversation or a step that reads prompts, while no other engine
+        computes; one thread otherwise.
 
-        llama.cpp's threads meet at a spinning barrier after every operation: when the other calls'
-        Whisper and TTS take a core from one of them, the other spins out its time slice. Measured with
-        three callers asking every 8-12 s (`bench capacity --full --levels 3`, back to back): one thread
-        answered p50 5.5 / p95 8.4 s with no reply lost, two threads 7.1 / 10.1 s with 4 lost; alone,
-        two threads decode a token in 42 ms against 63 and read 20 tokens in 0.29 s against 0.55.
+        llama.cpp's threads meet at a spinning barrier after every operation: when anything else takes a
+        core from one of them (another engine, engines/compute_load.py; or the calls' media), the other
+        spins out its time slice. Alone, two threads decode a token in 42 ms against 63 and read 20
+        tokens in 0.29 s against 0.55. A step of one token per reply is short and all barriers, so
+        while several conversations are in flight it takes one thread (with three callers asking every
+        8-12 s, `bench capacity --full --levels 3`: one thread p50 5.5 / p95 8.4 s, two 7.1 / 10.1 s);
+        reading a prompt is long matrix work that two threads finish in half the time, so it takes
+        every core whenever Whisper and Piper leave them free (six callers asking at the same instant,
+        `bench calls --callers 6 --transport sip`: p50 4.05-4.20 s against 4.60-4.84 s).
         """
         if self._fixed_threads:
             return
         now = time.monotonic()
         conversations = {r.sequence.seq_id for r in self._active if r.sequence is not None}
         conversations |= {s.seq_id for s in self._sequences if now - s.used_at < IN_FLIGHT_S}
-        threads = cpu_threads() if len(conversations) <= 1 else 1
+        wanted = cpu_threads() if reading or len(conversations) <= 1 else 1
+        threads = 1 if COMPUTE.busy() else wanted
         if threads != self._threads_now:
             self._model.set_threads(threads)
             self._threads_now = threads

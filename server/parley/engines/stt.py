@@ -25,6 +25,7 @@ import numpy as np
 from parley.audio import to_float32
 from parley.config import Settings
 from parley.engines.cache import whisper_base_dir
+from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads, resolve_device
 from parley.log import event
 from parley.text import normalise_words
@@ -299,6 +300,12 @@ class WhisperStt:
                 return
 
     def _generate(self, windows: list[_Window]) -> list[_Decoded]:
+        if self.device == "cuda":
+            return self._run(windows)
+        with COMPUTE.running():  # the LLM steps aside (engines/compute_load.py)
+            return self._run(windows)
+
+    def _run(self, windows: list[_Window]) -> list[_Decoded]:
         import ctranslate2
 
         features = [w.features for w in windows]

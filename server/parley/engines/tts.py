@@ -11,6 +11,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from parley.audio import trim_silence
 from parley.config import Settings
+from parley.engines.compute_load import COMPUTE
 from parley.engines.device import onnx_providers, resolve_device
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,14 @@ class PiperTts:
         text = text.strip()
         if not any(ch.isalnum() for ch in text):
             return
-        for chunk in self._voice.synthesize(text):
+        chunks = iter(self._voice.synthesize(text))
+        while True:
+            # Piper computes inside the iterator; only that counts (engines/compute_load.py), not the
+            # time its reader takes with each chunk.
+            with nullcontext() if self.device == "cuda" else COMPUTE.running():
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
             audio = np.asarray(chunk.audio_int16_array, dtype=np.int16).reshape(-1)
             # Piper opens every clip with ~40-50 ms of near-silence: a caller waiting for the first words
             # waits through it, and the clip's own trailing silence already spaces the sentences.
