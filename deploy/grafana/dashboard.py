@@ -109,12 +109,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "End of the caller's speech to the first reply audio sent. Target: p50 under 1.2 s.",
                 "s",
                 quantiles("parley_response_latency_seconds"),
+                width=6,
             ),
             Panel(
                 "Interruption latency",
                 "Caller's speech onset heard to the agent's audio stopped. Target: p95 under 0.15 s.",
                 "s",
                 quantiles("parley_interruption_latency_seconds"),
+                width=6,
             ),
             Panel(
                 "Stage latency (p95)",
@@ -127,6 +129,16 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                         "{{stage}}",
                     ),
                 ),
+                width=6,
+            ),
+            Panel(
+                "LLM prompt tokens",
+                "Prompt tokens per second the in-process LLM (llama.cpp) kept from each call's conversation "
+                "and read anew. Read tokens are what delays the first token; a rising share read means "
+                "conversations no longer fit the sequences kept.",
+                "short",
+                (rate("parley_llm_prompt_tokens_total", "outcome"),),
+                width=6,
             ),
         ),
     ),

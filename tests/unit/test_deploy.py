@@ -28,6 +28,7 @@ REQUIRED_PANELS = {
     "Turn revisions and reopen outcomes",
     "False interruptions and replies",
     "Stage latency (p95)",
+    "LLM prompt tokens",
     "Queue depths",
     "Dropped frames",
     "Engine errors",
