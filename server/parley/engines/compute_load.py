@@ -2,7 +2,7 @@
 
 llama.cpp's threads meet at a spinning barrier after every operation: when Whisper or Piper takes a core
 from one of them, the other spins out its time slice, and all of them go slower than with one LLM thread.
-So the LLM decodes on every core while no other engine computes, and on one thread while one does
+So the LLM takes one thread while another engine computes, and otherwise chooses by its own load
 (llm_llamacpp.py, `_threads`). Whisper's batches and Piper's synthesis say when they compute on the CPU;
 on a GPU they do not count.
 """

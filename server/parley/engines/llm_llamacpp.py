@@ -320,7 +320,7 @@ class LlamaCppLlm(LocalLlm):
         8-12 s, `bench capacity --full --levels 3`: one thread p50 5.5 / p95 8.4 s, two 7.1 / 10.1 s);
         reading a prompt is long matrix work that two threads finish in half the time, so it takes
         every core whenever Whisper and Piper leave them free (six callers asking at the same instant,
-        `bench calls --callers 6 --transport sip`: p50 4.05-4.20 s against 4.60-4.84 s).
+        `bench calls --callers 6 --transport sip`: p50 3.52-3.86 s against 4.60-4.84 s).
         """
         if self._fixed_threads:
             return
