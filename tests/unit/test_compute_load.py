@@ -40,3 +40,10 @@ def test_runs_on_many_threads_are_all_counted() -> None:
     for thread in threads:
         thread.join()
     assert not load.busy()
+
+
+def test_work_on_a_gpu_does_not_count() -> None:
+    load = ComputeLoad()
+    with load.running("cuda"):
+        assert not load.busy()
+    assert not load.busy()

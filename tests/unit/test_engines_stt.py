@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,19 @@ def words_right(text: str, phrase: str) -> float:
     return sum(word in heard for word in expected) / len(expected)
 
 
+def watch(
+    monkeypatch: pytest.MonkeyPatch, stt: WhisperStt, method: str, seen: Callable[[list[Any]], object]
+) -> None:
+    """Have `seen` called with the windows of each call to the engine's `method`, before it runs."""
+    original = getattr(stt, method)
+
+    def watched(windows: list[Any]) -> Any:
+        seen(windows)
+        return original(windows)
+
+    monkeypatch.setattr(stt, method, watched)
+
+
 def test_transcribes_the_phrase_verbatim(stt: WhisperStt, voices: dict[str, np.ndarray]) -> None:
     result = stt.transcribe(voices[PHRASES[0]])
 
@@ -65,13 +78,7 @@ def test_three_concurrent_callers_each_get_their_own_text_in_one_or_two_batches(
     stt: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batch_sizes: list[int] = []
-    generate = stt._generate
-
-    def counting(windows: list[Any]) -> Any:
-        batch_sizes.append(len(windows))
-        return generate(windows)
-
-    monkeypatch.setattr(stt, "_generate", counting)
+    watch(monkeypatch, stt, "_generate", lambda windows: batch_sizes.append(len(windows)))
     results: dict[str, str] = {}
     latency: dict[str, float] = {}
     barrier = threading.Barrier(len(PHRASES))
@@ -101,13 +108,7 @@ def test_the_same_audio_gives_the_same_transcript_alone_or_batched(
 ) -> None:
     alone = {phrase: stt.transcribe(voices[phrase]) for phrase in PHRASES}
     batch_sizes: list[int] = []
-    generate = stt._generate
-
-    def counting(windows: list[Any]) -> Any:
-        batch_sizes.append(len(windows))
-        return generate(windows)
-
-    monkeypatch.setattr(stt, "_generate", counting)
+    watch(monkeypatch, stt, "_generate", lambda windows: batch_sizes.append(len(windows)))
     together: dict[str, Transcription] = {}
     barrier = threading.Barrier(len(PHRASES))
 
@@ -195,13 +196,7 @@ def test_whisper_counts_as_computing_while_it_transcribes(
     stt: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     busy_inside: list[bool] = []
-    run = stt._run
-
-    def watched(windows: list[Any]) -> Any:
-        busy_inside.append(COMPUTE.busy())
-        return run(windows)
-
-    monkeypatch.setattr(stt, "_run", watched)
+    watch(monkeypatch, stt, "_run", lambda windows: busy_inside.append(COMPUTE.busy()))
     heard = stt.transcribe(voices[PHRASES[0]])
 
     assert words_right(heard.text, PHRASES[0]) >= 0.8, heard.text

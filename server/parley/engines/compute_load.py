@@ -22,8 +22,11 @@ class ComputeLoad:
         self._running = 0
 
     @contextmanager
-    def running(self) -> Iterator[None]:
-        """Count the enclosed work as an engine computing on the CPU."""
+    def running(self, device: str = "cpu") -> Iterator[None]:
+        """Count the enclosed work as an engine computing, when it computes on the CPU (`device`)."""
+        if device != "cpu":
+            yield
+            return
         with self._lock:
             self._running += 1
         try:

@@ -300,9 +300,7 @@ class WhisperStt:
                 return
 
     def _generate(self, windows: list[_Window]) -> list[_Decoded]:
-        if self.device == "cuda":
-            return self._run(windows)
-        with COMPUTE.running():  # the LLM steps aside (engines/compute_load.py)
+        with COMPUTE.running(self.device):  # the LLM steps aside (engines/compute_load.py)
             return self._run(windows)
 
     def _run(self, windows: list[_Window]) -> list[_Decoded]:

@@ -11,7 +11,6 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -82,7 +81,7 @@ class PiperTts:
         while True:
             # Piper computes inside the iterator; only that counts (engines/compute_load.py), not the
             # time its reader takes with each chunk.
-            with nullcontext() if self.device == "cuda" else COMPUTE.running():
+            with COMPUTE.running(self.device):
                 chunk = next(chunks, None)
             if chunk is None:
                 return
