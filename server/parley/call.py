@@ -45,6 +45,7 @@ from parley.pipeline.messages import (
     Utterance,
 )
 from parley.pipeline.queues import StageQueue
+from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.replying import LlmStage
 from parley.pipeline.speculation import SpeculativeReplies
 from parley.pipeline.stages import BackchannelStage, StageRunner, SttStage, TtsStage
@@ -91,6 +92,7 @@ class Call:
         self.called = ""  # who was called (the SIP request-URI / To, the number dialled)
         self.context: dict[str, str] = {}  # variables from the transport (a carrier's custom parameters)
         self.tracker = SpeculativeTurnTracker()
+        self.reopen = ReopenWindow(self.tracker)  # a turn can be reopened until its reply is heard
         self.scope = CancelScope()
         self.speculation = SpeculativeReplies()  # the reply started at a pause, before its turn ended
         self.conversation = Conversation(settings.system_prompt, settings.history_turns)
@@ -119,7 +121,7 @@ class Call:
         self.tts_in: StageQueue[ReplyText] = StageQueue("tts")
         chunk_ms = 1000 * engines.vad.chunk_samples / engines.vad.sample_rate
         self.decisions = TurnDecisions(self)
-        self.turns = TurnTaker(settings, self.tracker, self.decisions, chunk_ms)
+        self.turns = TurnTaker(settings, self.tracker, self.decisions, chunk_ms, self.reopen)
         self._threads: list[StageRunner] = [
             VadStage(
                 call_id,
@@ -328,13 +330,14 @@ class Call:
             self.emit(payload)
 
     def _may_play(self, tag: Tag) -> bool | None:
-        """The Outbound's gate: None holds audio back (its turn has not ended, or a reopen is still
-        possible), False drops it."""
+        """The Outbound's gate: None holds audio back (its turn has not ended, its grace is left, or a
+        reopen candidate is pending), False drops it. True settles the turn: once the caller hears its
+        reply, speech is a barge-in, no longer a reopen (pipeline/reopening.py)."""
         if self.scope.should_drop(tag.generation):
             return False
         if self.speculation.holds(tag):
             return None
-        return self.tracker.try_is_latest_after_reopen_grace(tag.turn_id, tag.revision)
+        return self.reopen.try_settle(tag.turn_id, tag.revision)
 
     def wait_turn_ended(self, tag: Tag) -> bool:
         """Block until the turn `tag` answers has ended (its speculative reply adopted); False when that

@@ -295,7 +295,18 @@ class Settings:
         ),
     )
     reopen_grace_ms: int = field(
-        default=500, metadata=_opt("after a turn ends, speech within this reopens it", "turns")
+        default=300,
+        metadata=_opt(
+            "after a turn ends, its reply is held this long: speech within it reopens the turn", "turns"
+        ),
+    )
+    reopen_unheard_ms: int = field(
+        default=3000,
+        metadata=_opt(
+            "after a turn ends, speech within this still reopens it while the caller has heard nothing "
+            "of its reply (0: only within the grace)",
+            "turns",
+        ),
     )
     blip_silence_ms: int = field(
         default=160, metadata=_opt("silence that ends a candidate interruption (a blip)", "turns")

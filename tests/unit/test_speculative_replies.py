@@ -22,7 +22,7 @@ from parley.pipeline.speculation import SpeculativeReplies
 from tests import agent_tools
 from tests.doubles import ScriptedLlm, ScriptedStt, loud, make_engines, quiet
 from tests.unit.test_agent_call import SLOW
-from tests.unit.test_call import RATE, Line
+from tests.unit.test_call import RATE, Line, on_a_line
 
 
 class TimedLlm(ScriptedLlm):
@@ -150,6 +150,71 @@ def test_a_side_effecting_tool_waits_for_the_end_of_the_turn_and_never_runs_for_
         line.stop()
         call.end("test_over")
         assert call.join(5.0)
+        call.tool_runner.close()
+
+
+class SlowStartLlm(TimedLlm):
+    """Takes `first_token_s` before its first word (a loaded machine), stopping early when told to."""
+
+    def __init__(self, first_token_s: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.first_token_s = first_token_s
+
+    def stream(
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Iterator[str | ToolCall]:
+        words = super().stream(messages, should_stop, tools)
+        ready_at = time.monotonic() + self.first_token_s
+        while time.monotonic() < ready_at:
+            if should_stop():
+                return
+            time.sleep(0.01)
+        yield from words
+
+
+def test_a_pause_longer_than_the_grace_still_gives_one_reply_while_nothing_was_heard() -> None:
+    # The grace is 100 ms, the pause 900 ms, and the reply takes 1.5 s: the caller goes on before
+    # hearing any of it, so the turn is reopened and answered as a whole.
+    settings = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=100)
+    llm = SlowStartLlm(first_token_s=1.5, token_s=0.01)
+    call = Call("c-unheard", "test", settings, make_engines(llm=llm, stt=ScriptedStt()), outbound_rate=RATE)
+    with on_a_line(call) as line:
+        line.say(np.concatenate([loud(600), quiet(900), loud(600)]))
+        spoke_until = time.monotonic()
+        line.say(quiet(600))
+        line.wait(lambda: line.event("agent_done") is not None)
+        assert not any(sound for t, sound in line.heard if t < spoke_until)
+        said = [e for e in line.events if e["type"] == "user_transcript"]
+        assert said[-1]["revision"] == 1
+        replies = [e for e in line.events if e["type"] == "agent_done"]
+        assert len(replies) == 1 and replies[0]["interrupted"] is False
+        assert len(call.details()["transcript"]) == 1
+
+
+def test_a_side_effecting_tool_settles_its_turn_so_speech_after_it_is_a_new_turn() -> None:
+    agent_tools.CALLS.clear()
+    script: list[list[str | ToolCall]] = [
+        [ToolCall("call_1", "slow_lookup", '{"number": "1"}')],
+        ["It ", "is ", "delayed."],
+    ]
+    settings = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=100)
+    engines = make_engines(llm=ScriptedLlm(token_s=0.01, script=script), stt=ScriptedStt())
+    agent = Agent(name="orders", system_prompt="You are the order desk.", tools=(SLOW,))
+    call = Call("c-settled", "test", settings, engines, RATE, agent)
+    call.tool_runner = ToolRunner()
+    try:
+        with on_a_line(call) as line:
+            line.say(np.concatenate([loud(600), quiet(700)]))  # the turn ends; the tool starts (1.5 s)
+            line.wait(lambda: line.event("tool_call") is not None)
+            line.say(np.concatenate([loud(1200), quiet(600)]))  # nothing heard yet, but the tool acted
+            line.wait(lambda: sum(e["type"] == "agent_done" for e in line.events) >= 2, timeout=15)
+            said = [(e["turn_id"], e["revision"]) for e in line.events if e["type"] == "user_transcript"]
+            assert said == [("c-settled:turn-1", 0), ("c-settled:turn-2", 0)]
+            assert agent_tools.CALLS == [{"tool": "slow_lookup", "number": "1"}]
+    finally:
         call.tool_runner.close()
 
 

@@ -275,3 +275,64 @@ def test_a_speaker_with_many_short_pauses_gets_few_early_transcriptions() -> Non
         feed(taker, 0.0, 100)  # a short pause: each used to cost a transcription
     assert 1 <= control.log.count("paused") <= 4
     assert control.ended == []
+
+
+def short_grace(**settings: int) -> tuple[TurnTaker, Control, SpeculativeTurnTracker]:
+    """A turn-taker whose grace (real time, the tracker's) is over after a short sleep."""
+    tracker = SpeculativeTurnTracker()
+    control = Control()
+    config = Settings(min_speech_ms=200, end_of_turn_ms=300, reopen_grace_ms=50, **settings)  # type: ignore[arg-type]
+    return TurnTaker(config, tracker, control, CHUNK_MS), control, tracker
+
+
+def close_a_turn_and_outlive_its_grace(taker: TurnTaker, tracker: SpeculativeTurnTracker) -> None:
+    feed(taker, 0.9, 800)
+    feed(taker, 0.0, 320)
+    time.sleep(0.1)
+    assert not tracker.has_pending_reopen_or_grace("turn-1", 0)
+
+
+def test_after_the_grace_speech_still_reopens_the_turn_while_its_reply_is_unheard() -> None:
+    taker, control, tracker = short_grace()
+    close_a_turn_and_outlive_its_grace(taker, tracker)
+    feed(taker, 0.0, 640)  # the reply is still being computed: nothing of it has been heard
+    feed(taker, 0.9, 300)
+    assert "reopen turn-1 0->1" in control.log and control.turns == 1
+    feed(taker, 0.0, 400)
+    assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0), ("turn-1", 1)]
+
+
+def test_once_the_reply_is_heard_speech_is_a_barge_in_not_a_reopen() -> None:
+    taker, control, tracker = short_grace()
+    close_a_turn_and_outlive_its_grace(taker, tracker)
+    assert taker.reopen.try_settle("turn-1", 0) is True  # the gate let the reply's first audio through
+    control.active = True
+    feed(taker, 0.9, 64)
+    assert taker.mode is Mode.BARGE and control.log[-1] == "pause"
+    assert not tracker.has_pending_reopen("turn-1", 0)
+
+
+def test_a_reply_is_held_while_a_reopen_candidate_is_pending_and_goes_on_after_a_blip() -> None:
+    taker, control, tracker = short_grace()
+    close_a_turn_and_outlive_its_grace(taker, tracker)
+    feed(taker, 0.9, 64)
+    assert taker.mode is Mode.REOPEN
+    assert taker.reopen.try_settle("turn-1", 0) is None  # the gate holds the reply back
+    feed(taker, 0.0, 200)  # a blip
+    assert taker.reopen.try_settle("turn-1", 0) is True
+    assert control.ended == [("turn-1", 0, control.ended[0][2])] and "reopen" not in " ".join(control.log)
+
+
+def test_speech_long_after_an_unheard_reply_is_a_turn_of_its_own() -> None:
+    taker, control, tracker = short_grace(reopen_unheard_ms=500)
+    close_a_turn_and_outlive_its_grace(taker, tracker)
+    feed(taker, 0.0, 640)
+    feed(taker, 0.9, 300)
+    assert control.turns == 2 and not any(entry.startswith("reopen") for entry in control.log)
+
+
+def test_without_the_unheard_window_only_the_grace_reopens() -> None:
+    taker, control, tracker = short_grace(reopen_unheard_ms=0)
+    close_a_turn_and_outlive_its_grace(taker, tracker)
+    feed(taker, 0.9, 300)
+    assert control.turns == 2 and not any(entry.startswith("reopen") for entry in control.log)

@@ -6,8 +6,10 @@ again with the results. What a tool may do depends on whether the turn can still
 
 - A tool with side effects runs only for the newest revision of a turn that has ended: this thread
   waits out the turn's reopen grace (and any pending reopen candidate) first, and a revision that was
-  superseded meanwhile never runs it. Once started, a tool call runs to its end exactly once, even when
-  the caller interrupts; its result stays in the history when the spoken reply after it is cut.
+  superseded meanwhile never runs it. Starting it settles the turn: it can no longer be reopened
+  (pipeline/reopening.py), so a tool never runs for a turn the caller then goes on changing. Once
+  started, a tool call runs to its end exactly once, even when the caller interrupts; its result stays
+  in the history when the spoken reply after it is cut.
 - A tool without side effects runs at once, even for a turn still being spoken (speculatively).
 
 A tool that takes longer than the agent's `hold_after_ms` makes the agent say its `hold_phrase`, once.
@@ -31,9 +33,9 @@ from parley.engines.toolcalls import ToolCall
 from parley.log import event
 from parley.pipeline.messages import ReplyText, Response, Tag, Transcript
 from parley.pipeline.queues import StageQueue
+from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.segmenter import ReplySegmenter, ends_sentence
 from parley.pipeline.stages import Stage, StageContext
-from parley.pipeline.turns import SpeculativeTurnTracker
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class ReplyContext(StageContext, Protocol):
     """What the LLM stage needs from its call, beyond what every stage does."""
 
     agent: Agent
-    tracker: SpeculativeTurnTracker
+    reopen: ReopenWindow
     tool_runner: ToolRunner | None
     publish: Callable[[str, dict[str, Any]], None]
 
@@ -149,7 +151,7 @@ class LlmStage(Stage[Transcript]):
         assert tag.turn_id is not None and tag.revision is not None
         if not self.reply_ctx.wait_turn_ended(tag):
             return False
-        latest = self.reply_ctx.tracker.is_latest_after_reopen_grace(tag.turn_id, tag.revision)
+        latest = self.reply_ctx.reopen.settle(tag.turn_id, tag.revision)
         return latest and not self.ctx.is_stale(tag)
 
     def _submit(

@@ -6,8 +6,9 @@ Runs on the call's VAD thread, one VAD chunk (32 ms) at a time. It decides; the 
 - speech while nothing is pending starts a turn once it lasted `min_speech_ms` (shorter is a blip);
 - `end_of_turn_ms` of silence closes the turn speculatively: the reply is computed at once, and a
   reopen grace window opens (the reply is held back until it passes);
-- speech inside the grace window is a reopen candidate: `min_speech_ms` of it confirms (the new audio
-  joins the old utterance as the next revision); less is a blip and the reply goes on untouched;
+- speech inside the grace window, or after it while the caller has heard nothing of the reply
+  (pipeline/reopening.py), is a reopen candidate: `min_speech_ms` of it confirms (the new audio joins
+  the old utterance as the next revision); less is a blip and the reply goes on untouched;
 - speech while the agent talks (or prepares a reply) pauses the agent at the first chunk, then either
   resumes it or confirms a barge-in. Shorter than `min_speech_ms` it is a blip; longer than
   `backchannel_max_ms` it is the caller talking. In between, at its first silent chunk, the audio goes to
@@ -34,6 +35,7 @@ from parley.audio import PIPELINE_RATE
 from parley.config import Settings
 from parley.engines.stt import Transcription
 from parley.pipeline.messages import BargeVerdict
+from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.turns import SpeculativeTurnTracker
 
 NEGATIVE_THRESHOLD_GAP = 0.15  # hysteresis: speech ends below threshold - gap (as silero's own iterator)
@@ -107,18 +109,27 @@ class _ClosedTurn:
     turn_id: str
     revision: int
     audio: np.ndarray
+    closed_at: float  # when the chunk that closed it arrived
     tail: list[np.ndarray] = field(default_factory=list)  # everything heard since it closed
 
 
 class TurnTaker:
     def __init__(
-        self, settings: Settings, tracker: SpeculativeTurnTracker, control: TurnControl, chunk_ms: float
+        self,
+        settings: Settings,
+        tracker: SpeculativeTurnTracker,
+        control: TurnControl,
+        chunk_ms: float,
+        reopen: ReopenWindow | None = None,
     ) -> None:
         self.settings = settings
         self.tracker = tracker
+        # Shared with the call's Outbound gate, which settles a turn when its reply is first heard.
+        self.reopen = reopen or ReopenWindow(tracker)
         self.control = control
         self.chunk_ms = chunk_ms
         self.mode = Mode.IDLE
+        self._now = 0.0  # when the chunk being taken arrived
         self._threshold = settings.vad_threshold
         self._negative = max(0.01, settings.vad_threshold - NEGATIVE_THRESHOLD_GAP)
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, int(settings.preroll_ms / chunk_ms)))
@@ -135,14 +146,15 @@ class TurnTaker:
 
     def process(self, chunk: np.ndarray, probability: float, arrived_at: float) -> None:
         """Take one VAD chunk and its speech probability; `arrived_at` is when its last frame arrived."""
+        self._now = arrived_at
         is_speech = probability >= self._threshold
         is_silence = probability < self._negative
         closed = self._closed
         if closed is not None and self.mode is Mode.IDLE:
-            if self.tracker.has_pending_reopen_or_grace(closed.turn_id, closed.revision):
+            if self._reopenable(closed, arrived_at):
                 closed.tail.append(chunk)
             else:
-                self._closed = None  # past its grace: it can no longer be reopened
+                self._closed = None  # heard, acted on, or past its time: it can no longer be reopened
         elif closed is not None and self.mode is Mode.REOPEN:
             closed.tail.append(chunk)
         if self.mode is Mode.IDLE:
@@ -200,8 +212,9 @@ class TurnTaker:
         )
         self._preroll.clear()
         closed = self._closed
-        if closed is not None and self.tracker.has_pending_reopen_or_grace(closed.turn_id, closed.revision):
-            candidate = self.tracker.begin_reopen_candidate(closed.turn_id, closed.revision)
+        if closed is not None:
+            unheard = self._unheard_window_left(closed, arrived_at)
+            candidate = self.reopen.begin(closed.turn_id, closed.revision, unheard=unheard)
             if candidate is not None:
                 self._candidate = candidate
                 self.mode = Mode.REOPEN
@@ -211,6 +224,13 @@ class TurnTaker:
             self.mode = Mode.BARGE
             return
         self.mode = Mode.TENTATIVE
+
+    def _unheard_window_left(self, closed: _ClosedTurn, now: float) -> bool:
+        return now - closed.closed_at <= self.settings.reopen_unheard_ms / 1000
+
+    def _reopenable(self, closed: _ClosedTurn, now: float) -> bool:
+        unheard = self._unheard_window_left(closed, now)
+        return self.reopen.is_open(closed.turn_id, closed.revision, unheard=unheard)
 
     def _account(self, chunk: np.ndarray, is_speech: bool, is_silence: bool, arrived_at: float) -> None:
         seg = self._segment
@@ -370,7 +390,7 @@ class TurnTaker:
         if reopenable:
             self.tracker.start_reopen_grace(turn_id, revision, self.settings.reopen_grace_ms / 1000)
         self.control.turn_ended(turn_id, revision, audio, speech_end)
-        self._closed = _ClosedTurn(turn_id, revision, audio) if reopenable else None
+        self._closed = _ClosedTurn(turn_id, revision, audio, self._now) if reopenable else None
         self._turn = None
         self._turn_audio = []
         self._to_idle()
