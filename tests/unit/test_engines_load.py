@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +69,22 @@ def test_cpu_threads_share_the_cores() -> None:
     assert device.cpu_threads(1) >= 1
     assert device.cpu_threads(1000) == 1
     assert device.onnx_providers("cpu") == ["CPUExecutionProvider"]
+
+
+def test_ctranslate2_runs_its_avx512_kernels_only_where_the_cpu_has_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CT2_FORCE_CPU_ISA", "")  # restored after the test, whatever this sets
+    monkeypatch.delenv("CT2_FORCE_CPU_ISA")
+    with_avx512 = tmp_path / "with"
+    with_avx512.write_text("flags\t\t: sse4_1 avx2 avx512f avx512cd avx512dq avx512bw avx512vl\n")
+    without = tmp_path / "without"
+    without.write_text("processor\t: 0\nflags\t\t: fpu sse4_1 avx2 avx512f\n")
+    assert not device.prefer_avx512_for_ctranslate2(without)
+    assert "CT2_FORCE_CPU_ISA" not in os.environ
+    assert not device.prefer_avx512_for_ctranslate2(tmp_path / "missing")
+    assert device.prefer_avx512_for_ctranslate2(with_avx512)
+    assert os.environ["CT2_FORCE_CPU_ISA"] == "AVX512"
+    monkeypatch.setenv("CT2_FORCE_CPU_ISA", "AVX2")  # the user's own choice stands
+    assert not device.prefer_avx512_for_ctranslate2(with_avx512)
+    assert os.environ["CT2_FORCE_CPU_ISA"] == "AVX2"

@@ -33,6 +33,14 @@ def stt() -> Iterator[WhisperStt]:
 
 
 @pytest.fixture(scope="module")
+def one_worker() -> Iterator[WhisperStt]:
+    """One worker, so that callers asking together share its batches (two workers split them)."""
+    engine = load_stt(Settings(stt_workers=1))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
 def voices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     folder = tmp_path_factory.mktemp("stt")
     return {phrase: speech(phrase, folder) for phrase in PHRASES}
@@ -75,8 +83,9 @@ def test_float32_audio_gives_the_same_text(stt: WhisperStt, voices: dict[str, np
 
 
 def test_three_concurrent_callers_each_get_their_own_text_in_one_or_two_batches(
-    stt: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+    one_worker: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    stt = one_worker
     batch_sizes: list[int] = []
     watch(monkeypatch, stt, "_generate", lambda windows: batch_sizes.append(len(windows)))
     results: dict[str, str] = {}
@@ -104,8 +113,9 @@ def test_three_concurrent_callers_each_get_their_own_text_in_one_or_two_batches(
 
 
 def test_the_same_audio_gives_the_same_transcript_alone_or_batched(
-    stt: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+    one_worker: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    stt = one_worker
     alone = {phrase: stt.transcribe(voices[phrase]) for phrase in PHRASES}
     batch_sizes: list[int] = []
     watch(monkeypatch, stt, "_generate", lambda windows: batch_sizes.append(len(windows)))
@@ -202,3 +212,10 @@ def test_whisper_counts_as_computing_while_it_transcribes(
     assert words_right(heard.text, PHRASES[0]) >= 0.8, heard.text
     assert busy_inside == [True]  # the LLM steps aside while Whisper computes (compute_load.py)
     assert not COMPUTE.busy()
+
+
+def test_the_default_workers_of_one_core_each_hear_what_one_worker_on_every_core_hears(
+    stt: WhisperStt, one_worker: WhisperStt, voices: dict[str, np.ndarray]
+) -> None:
+    for phrase in PHRASES:
+        assert stt.transcribe(voices[phrase]).text == one_worker.transcribe(voices[phrase]).text

@@ -79,7 +79,7 @@ async def measure(
             heard_at = await caller.wait_for_audio(after=spoken_end, timeout=20)
             # The reply ends when the service says so (after its last audio went out), so that a long
             # pause inside it is measured as one, not taken for its end.
-            await caller.wait_for_event("agent_done", timeout=60, after=spoken_end)
+            done = await caller.wait_for_event("agent_done", timeout=60, after=spoken_end)
             done_at = await caller.wait_for_silence(after=time.monotonic(), hold_s=0.3, timeout=30)
             server = await caller.wait_for_event("latency", timeout=5, after=spoken_end)
             pause = caller.longest_pause_between(heard_at, done_at)
@@ -93,6 +93,9 @@ async def measure(
                     "response_s": round(heard_at - spoken_end, 4),
                     "reply_s": round(done_at - heard_at, 2),
                     "longest_pause_s": round(pause, 3),
+                    # What was said tells runs apart: a reply whose first words were said before costs
+                    # no synthesis (the phrase cache), and the history makes each call's replies differ.
+                    "reply": done["text"],
                     "server": server,
                 }
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from functools import cache
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,32 @@ def resolve_device(setting: str) -> str:
 def cpu_threads(workers: int = 1) -> int:
     """Threads per worker so that `workers` parallel workers share the cores without oversubscribing."""
     return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
+# What CTranslate2 requires of a CPU before it runs its AVX-512 kernels (its cpu_supports_avx512).
+AVX512_FLAGS = frozenset(("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"))
+
+
+def prefer_avx512_for_ctranslate2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Let CTranslate2 run its AVX-512 kernels on a CPU that has them; True when this set it up.
+
+    CTranslate2 leaves AVX-512 out of its automatic dispatch (every x86 CPU gets its AVX2 kernels) unless
+    `CT2_FORCE_CPU_ISA` names it, and it reads that once, when it first computes: so this runs before
+    any CTranslate2 model loads, and a value already set (by the user) is left as it is. Measured on this
+    AMD EPYC (Whisper base, 2 cores, alternating runs): a transcription took 5-10 % less, with the same
+    words; the matrix products themselves go through oneDNN, which picks its own instructions.
+    """
+    if "CT2_FORCE_CPU_ISA" in os.environ:
+        return False
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:  # not Linux, or no /proc: keep CTranslate2's own choice
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    if not set(flags) >= AVX512_FLAGS:
+        return False
+    os.environ["CT2_FORCE_CPU_ISA"] = "AVX512"
+    return True
 
 
 def onnx_providers(device: str) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from parley.config import Settings
 from parley.engines.cache import PACKAGED_LLMS, llm_ct2_dir, llm_gguf, llm_hf_source
-from parley.engines.device import cpu_threads, resolve_device
+from parley.engines.device import cpu_threads, prefer_avx512_for_ctranslate2, resolve_device
 from parley.engines.toolcalls import CLOSE_TAG, OPEN_TAG, TaggedToolCalls, ToolCall
 from parley.log import event
 
@@ -222,6 +222,8 @@ class Ct2Llm(LocalLlm):
         max_tokens: int = 80,
         temperature: float = 0.0,
     ) -> None:
+        if device == "cpu":
+            prefer_avx512_for_ctranslate2()
         import ctranslate2
 
         workers = max(1, workers)

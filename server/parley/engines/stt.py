@@ -26,7 +26,7 @@ from parley.audio import to_float32
 from parley.config import Settings
 from parley.engines.cache import whisper_base_dir
 from parley.engines.compute_load import COMPUTE
-from parley.engines.device import cpu_threads, resolve_device
+from parley.engines.device import cpu_threads, prefer_avx512_for_ctranslate2, resolve_device
 from parley.log import event
 from parley.text import normalise_words
 
@@ -148,6 +148,8 @@ class WhisperStt:
         max_batch: int = 8,
         cache_dir: Path | None = None,
     ) -> None:
+        if device == "cpu":
+            prefer_avx512_for_ctranslate2()
         from faster_whisper import WhisperModel
 
         if model == "base":
