@@ -46,6 +46,8 @@ def test_parley_cache_names_the_cache_folder(tmp_path: Path) -> None:
         (("--port", "70000"), {}, "out of range"),
         ((), {"PARLEY_MAX_CALLS": "0"}, "max_calls"),
         ((), {"PARLEY_VAD_THRESHOLD": "1.5"}, "vad_threshold"),
+        (("--reopen-unheard-ms", "-1"), {}, "reopen_unheard_ms"),
+        ((), {"PARLEY_REOPEN_GRACE_MS": "-5"}, "reopen_grace_ms"),
     ],
 )
 def test_bad_values_are_refused_with_the_setting_named(
