@@ -16,6 +16,7 @@ from typing import Any
 from parley.bench import percentiles, progress
 from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for
 from parley.bench.cpu import cpu_seconds, rss_mb
+from parley.bench.response import DEAD_AIR_S
 from parley.bench.service import Service, speculation_counts
 from parley.bench.speech import espeak, trim
 
@@ -57,6 +58,7 @@ async def _one_caller(
             heard_at = await caller.wait_for_audio(after=spoken_end, timeout=30)
             said = await caller.wait_for_event("user_transcript", timeout=10, after=asked)
             done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
+            ended = await caller.wait_for_silence(after=time.monotonic(), hold_s=0.3, timeout=30)
             server = await caller.wait_for_event("latency", timeout=5, after=spoken_end)
             overlap = word_overlap(said["text"], question)
             results.append(
@@ -67,6 +69,8 @@ async def _one_caller(
                     "reply": done["text"],
                     "right_turn": done["turn_id"] == said["turn_id"],
                     "response_s": round(heard_at - spoken_end, 4),
+                    # Dead air inside the reply: what a busy service costs a caller already listening.
+                    "longest_pause_s": round(caller.longest_pause_between(heard_at, ended), 3),
                     "server": server,  # the service's own timeline of the reply
                 }
             )
@@ -105,6 +109,9 @@ async def measure(
         "callers": callers,
         "replies right": f"{len(right)}/{len(rows)}",
         "response_s (caller)": percentiles([r["response_s"] for r in rows]),
+        "longest pause inside a reply (s)": percentiles([r["longest_pause_s"] for r in rows]),
+        f"replies with a pause over {DEAD_AIR_S} s": f"{sum(r['longest_pause_s'] > DEAD_AIR_S for r in rows)}"
+        f"/{len(rows)}",
     }
     for stage in ("stt_s", "llm_first_token_s", "tts_first_audio_s"):
         summary[f"server {stage}"] = percentiles([r["server"][stage] for r in rows if r["server"].get(stage)])
