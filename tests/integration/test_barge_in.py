@@ -30,13 +30,13 @@ async def test_caller_interrupts_reply_and_agent_stops(service: Service) -> None
         silent_at = await caller.wait_for_silence(after=onset, hold_s=0.5, timeout=10)
         assert silent_at - onset < 1.0, "the agent kept talking over the caller"
         cut = await caller.wait_for_event("agent_done", timeout=20, after=reply_heard, interrupted=True)
-        finished = await playback.finished
-        said = await caller.wait_for_event("user_transcript", timeout=20, after=finished)
-        assert "london" in said["text"].lower()
-        answer = await caller.wait_for_event(
-            "agent_done", timeout=60, after=finished, turn_id=said["turn_id"]
-        )
-        assert answer["interrupted"] is False and answer["text"]
+        await playback.finished
+        # The answer to the interruption, and the transcript its turn ended with (the turn's transcript
+        # can come out before the clip's trailing silence has played: the turn ends 250 ms into it).
+        answer = await caller.wait_for_event("agent_done", timeout=60, after=onset, interrupted=False)
+        said = caller.latest_event("user_transcript", turn_id=answer["turn_id"])
+        assert said is not None and "london" in said["text"].lower()
+        assert answer["text"]
         turns = {t["turn_id"]: t for t in service.get_json(f"/api/calls/{caller.call_id}")["transcript"]}
         assert turns[cut["turn_id"]]["agent_state"] == "interrupted"
         assert turns[cut["turn_id"]]["agent"] == cut["text"]

@@ -110,8 +110,10 @@ async def test_speaking_over_the_reply_clears_it_and_keeps_only_what_was_played(
         whole = " ".join(spoken[: len(played)])
         assert heard.startswith(whole), (heard, spoken, played)
         assert len(heard.split()) <= len(" ".join(spoken[: len(played) + 1]).split()), (heard, spoken, played)
-        said = await phone.wait_for_event("user_transcript", timeout=20, after=await playback.finished)
-        assert "london" in str(said["text"]).lower()
+        await playback.finished
+        answer = await phone.wait_for_event("agent_done", timeout=60, after=onset, interrupted=False)
+        said = phone.latest_event("user_transcript", turn_id=answer["turn_id"])
+        assert said is not None and "london" in str(said["text"]).lower()
     finally:
         await phone.hangup()
 

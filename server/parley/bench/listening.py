@@ -149,6 +149,14 @@ class Ears:
             await asyncio.sleep(0.01)
         raise TimeoutError("the reply did not fall silent")
 
+    def latest_event(self, kind: str, **match: Any) -> dict[str, Any] | None:
+        """The last event of `kind` (with these fields) so far: a turn's final transcript, say."""
+        found: dict[str, Any] | None = None
+        for _, payload in self.events:
+            if payload.get("type") == kind and all(payload.get(k) == v for k, v in match.items()):
+                found = payload
+        return found
+
     async def wait_for_event(
         self, kind: str, timeout: float = 15.0, after: float = 0.0, **match: Any
     ) -> dict[str, Any]:
