@@ -54,7 +54,13 @@ class ReopenWindow:
         pending, False when it was superseded. True settles it: it can no longer be reopened."""
         with self._lock:
             answer = self.tracker.try_is_latest_after_reopen_grace(turn_id, revision)
-            if answer and turn_id is not None and revision is not None:
+            if (
+                answer
+                and turn_id is not None
+                and revision is not None
+                and (turn_id, revision) not in self._settled
+            ):
+                # Asked for every frame of a reply: recorded once, the first time.
                 self._settled[(turn_id, revision)] = None
                 while len(self._settled) > SETTLED_KEPT:
                     self._settled.popitem(last=False)
