@@ -58,18 +58,20 @@ class ScriptedStt:
 
 
 class ScriptedLlm:
-    """Streams a fixed reply word by word, one word per `token_s`; remembers the prompts and the tools
-    it was offered. With `script`, each model turn plays the next entry instead: words, and ToolCalls
-    that it asks for (the last entry repeats)."""
+    """Streams a fixed reply word by word, one word per `token_s` (the first after `first_token_s` more:
+    a loaded machine); remembers the prompts and the tools it was offered. With `script`, each model turn
+    plays the next entry instead: words, and ToolCalls that it asks for (the last entry repeats)."""
 
     def __init__(
         self,
         reply: str = "Sure, the weather is fine today. Anything else?",
         token_s: float = 0.01,
         script: list[list[str | ToolCall]] | None = None,
+        first_token_s: float = 0.0,
     ):
         self.reply = reply
         self.token_s = token_s
+        self.first_token_s = first_token_s
         self.script = script
         self.prompts: list[list[Message]] = []
         self.offered: list[list[str]] = []
@@ -87,6 +89,12 @@ class ScriptedLlm:
             turn = self.script[min(len(self.prompts) - 1, len(self.script) - 1)]
         else:
             turn = [word + " " for word in self.reply.split(" ")]
+        ready_at = time.monotonic() + self.first_token_s
+        while time.monotonic() < ready_at:  # thinking, and stopping early when told to
+            if should_stop():
+                self.stopped.set()
+                return
+            time.sleep(0.01)
         for item in turn:
             if should_stop():
                 self.stopped.set()

@@ -125,6 +125,16 @@ def test_without_speculation_the_reply_waits_for_the_end_of_the_turn() -> None:
         assert call.join(5.0)
 
 
+def order_desk(call_id: str, script: list[list[str | ToolCall]], end_of_turn_ms: int) -> Call:
+    """A call to an agent with a slow tool that has side effects (1.5 s), its model playing `script`."""
+    settings = Settings(greeting="", end_of_turn_ms=end_of_turn_ms, reopen_grace_ms=100)
+    engines = make_engines(llm=ScriptedLlm(token_s=0.01, script=script), stt=ScriptedStt())
+    agent = Agent(name="orders", system_prompt="You are the order desk.", tools=(SLOW,))
+    call = Call(call_id, "test", settings, engines, RATE, agent)
+    call.tool_runner = ToolRunner()
+    return call
+
+
 def test_a_side_effecting_tool_waits_for_the_end_of_the_turn_and_never_runs_for_a_cancelled_reply() -> None:
     agent_tools.CALLS.clear()
     script: list[list[str | ToolCall]] = [
@@ -132,11 +142,7 @@ def test_a_side_effecting_tool_waits_for_the_end_of_the_turn_and_never_runs_for_
         [ToolCall("call_2", "slow_lookup", '{"number": "2"}')],
         ["It ", "is ", "delayed."],
     ]
-    settings = Settings(greeting="", end_of_turn_ms=700, reopen_grace_ms=100)
-    engines = make_engines(llm=ScriptedLlm(token_s=0.01, script=script), stt=ScriptedStt())
-    agent = Agent(name="orders", system_prompt="You are the order desk.", tools=(SLOW,))
-    call = Call("c-spec-tool", "test", settings, engines, RATE, agent)
-    call.tool_runner = ToolRunner()
+    call = order_desk("c-spec-tool", script, end_of_turn_ms=700)
     line = Line(call)
     call.start()
     line.start()
@@ -153,33 +159,11 @@ def test_a_side_effecting_tool_waits_for_the_end_of_the_turn_and_never_runs_for_
         call.tool_runner.close()
 
 
-class SlowStartLlm(TimedLlm):
-    """Takes `first_token_s` before its first word (a loaded machine), stopping early when told to."""
-
-    def __init__(self, first_token_s: float, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.first_token_s = first_token_s
-
-    def stream(
-        self,
-        messages: list[Message],
-        should_stop: Callable[[], bool],
-        tools: list[dict[str, Any]] | None = None,
-    ) -> Iterator[str | ToolCall]:
-        words = super().stream(messages, should_stop, tools)
-        ready_at = time.monotonic() + self.first_token_s
-        while time.monotonic() < ready_at:
-            if should_stop():
-                return
-            time.sleep(0.01)
-        yield from words
-
-
 def test_a_pause_longer_than_the_grace_still_gives_one_reply_while_nothing_was_heard() -> None:
     # The grace is 100 ms, the pause 900 ms, and the reply takes 1.5 s: the caller goes on before
     # hearing any of it, so the turn is reopened and answered as a whole.
     settings = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=100)
-    llm = SlowStartLlm(first_token_s=1.5, token_s=0.01)
+    llm = ScriptedLlm(first_token_s=1.5, token_s=0.01)
     call = Call("c-unheard", "test", settings, make_engines(llm=llm, stt=ScriptedStt()), outbound_rate=RATE)
     with on_a_line(call) as line:
         line.say(np.concatenate([loud(600), quiet(900), loud(600)]))
@@ -200,11 +184,7 @@ def test_a_side_effecting_tool_settles_its_turn_so_speech_after_it_is_a_new_turn
         [ToolCall("call_1", "slow_lookup", '{"number": "1"}')],
         ["It ", "is ", "delayed."],
     ]
-    settings = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=100)
-    engines = make_engines(llm=ScriptedLlm(token_s=0.01, script=script), stt=ScriptedStt())
-    agent = Agent(name="orders", system_prompt="You are the order desk.", tools=(SLOW,))
-    call = Call("c-settled", "test", settings, engines, RATE, agent)
-    call.tool_runner = ToolRunner()
+    call = order_desk("c-settled", script, end_of_turn_ms=300)
     try:
         with on_a_line(call) as line:
             line.say(np.concatenate([loud(600), quiet(700)]))  # the turn ends; the tool starts (1.5 s)
