@@ -59,6 +59,44 @@ def test_the_packaged_model_answers_and_the_next_turn_reads_only_what_is_new(llm
     assert read - read_before < 30
 
 
+def settled(llm: LlamaCppLlm) -> None:
+    """Wait until the engine has nothing left to read or say."""
+    deadline = time.monotonic() + 10
+    while llm._waiting or llm._active:
+        assert time.monotonic() < deadline, "the engine did not settle"
+        time.sleep(0.01)
+
+
+def test_after_a_reply_that_ended_by_itself_the_next_turns_opening_is_read_before_the_caller_speaks(
+    llm: LlamaCppLlm,
+) -> None:
+    conversation: list[Message] = [
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "user", "content": "Say only the word yes."},
+    ]
+    reply = "".join(llm.stream(conversation, never))
+    settled(llm)
+    question = "And now say no."
+    conversation += [{"role": "assistant", "content": reply}, {"role": "user", "content": question}]
+    prompt = llm._chat.prompt_ids(conversation)
+    opening = llm._chat.next_turn_opening()
+    asked = llm._chat.tokenizer.encode(question, add_special_tokens=False)
+    # The prompt holds, after the reply, the template's opening of the caller's turn, then the question.
+    at = next(i for i in range(len(prompt)) if prompt[i : i + len(asked)] == asked)
+    assert opening and prompt[at - len(opening) : at] == opening
+    # Everything before the question is in the model's memory already: the turn reads only the question.
+    assert any(sequence.tokens == prompt[:at] for sequence in llm._sequences)
+    assert "".join(llm.stream(conversation, never)).strip()
+
+
+def test_a_reply_cut_short_reads_nothing_ahead(llm: LlamaCppLlm) -> None:
+    prompt = llm._chat.prompt_ids(ROME)
+    assert "".join(llm.stream(ROME, never)).strip()  # a long answer, cut at 24 tokens
+    settled(llm)
+    held = next(s.tokens for s in llm._sequences if s.tokens[: len(prompt)] == prompt)
+    assert len(held) == len(prompt) + llm.max_tokens - 1  # the reply's last token is not even read
+
+
 def test_when_the_window_lets_the_oldest_turn_go_the_rest_is_kept_not_read_again(llm: LlamaCppLlm) -> None:
     system = BOOK[0]
     turns: list[Message] = []
@@ -159,6 +197,33 @@ def test_a_caller_that_waits_pauses_its_own_reply_and_no_other(llm: LlamaCppLlm)
     assert looks_english(other), other
     assert held and max(held) <= 1 + HOLD_AHEAD + 1  # its reply went no further while the other spoke
     assert looks_english(first + rest), first + rest
+
+
+def test_a_caller_waiting_while_it_decides_whether_to_stop_holds_its_reply_at_once(llm: LlamaCppLlm) -> None:
+    # The LLM stage waits for its first audio there: the model must not decode ahead meanwhile.
+    waiting = threading.Event()
+    taken = 0
+
+    def should_stop() -> bool:
+        nonlocal taken
+        request = llm._active[0] if llm._active else None
+        if request is not None and not waiting.is_set():
+            taken = len(request.said) - request.steps.qsize()  # the tokens its caller has read
+            if taken >= 3:
+                waiting.set()
+                time.sleep(0.5)  # a dozen steps' time
+        return False
+
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(llm.stream(ROME, should_stop)))
+    reader.start()
+    assert waiting.wait(30)
+    time.sleep(0.3)
+    held = [len(r.said) for r in llm._active]
+    reader.join()
+
+    assert held == [held[0]] and held[0] <= taken + 1  # at most the step under way when it began to wait
+    assert looks_english("".join(said)), said
 
 
 def test_it_decodes_on_every_core_for_one_conversation_and_on_one_while_several_talk(

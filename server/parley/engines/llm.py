@@ -169,6 +169,19 @@ class ChatTokenizer:
                 )
             )
 
+    def next_turn_opening(self) -> list[int]:
+        """The template's tokens between a reply's own and the caller's next words (ChatML: the reply's
+        `<|im_end|>`, a new line, `<|im_start|>user` and a new line); [] where they cannot be told apart."""
+        words = "Hello there."
+        said = [{"role": "system", "content": "x"}, {"role": "assistant", "content": words}]
+        ids = self.prompt_ids([*said, {"role": "user", "content": words}], reply=False)
+        with self.lock:
+            own = _input_ids(self.tokenizer.encode(words, add_special_tokens=False))
+        at = [i for i in range(len(ids) - len(own) + 1) if ids[i : i + len(own)] == own]
+        if len(at) != 2:
+            return []
+        return ids[at[0] + len(own) : at[1]]
+
     def pieces(self, ids: list[int]) -> list[str]:
         if not ids:
             return []
