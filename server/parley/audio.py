@@ -60,20 +60,21 @@ class StreamResampler:
     `process` returns what is ready, so output lengths vary a little around rate_out/rate_in x input.
     """
 
-    def __init__(self, rate_in: int, rate_out: int) -> None:
+    def __init__(self, rate_in: int, rate_out: int, quality: str = "LQ") -> None:
         self.rate_in = rate_in
         self.rate_out = rate_out
         self._passthrough = rate_in == rate_out
         self._stream = (
             None
             if self._passthrough
-            else soxr.ResampleStream(rate_in, rate_out, 1, dtype="int16", quality="LQ")
+            else soxr.ResampleStream(rate_in, rate_out, 1, dtype="int16", quality=quality)
         )
 
-    def process(self, pcm: np.ndarray) -> np.ndarray:
+    def process(self, pcm: np.ndarray, *, last: bool = False) -> np.ndarray:
+        """`last`: the stream ends here; what the filter still holds comes out too."""
         if self._stream is None:
             return pcm.astype(np.int16, copy=False)
-        out = self._stream.resample_chunk(pcm.astype(np.int16, copy=False))
+        out = self._stream.resample_chunk(pcm.astype(np.int16, copy=False), last=last)
         return np.asarray(out, dtype=np.int16)
 
 

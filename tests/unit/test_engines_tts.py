@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 from parley.audio import PIPELINE_RATE, resample
 from parley.config import DEFAULT_GREETING, Settings
 from parley.engines.compute_load import COMPUTE
+from parley.engines.piper_stream import FIRST_FRAMES, split_graph, stretches
 from parley.engines.stt import SttEngine
 from parley.engines.tts import PhraseCache, load_tts, voice_files
 from tests.unit.test_engines_speech import normalise
@@ -132,17 +132,80 @@ def test_a_sentence_cut_short_is_not_cached(tts: PhraseCache) -> None:
 def test_piper_counts_as_computing_while_it_synthesises_and_not_while_its_audio_is_used(
     tts: PhraseCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    voice = tts.engine._voice  # type: ignore[attr-defined]
-    synthesize = voice.synthesize
+    stream = tts.engine._stream  # type: ignore[attr-defined]
     busy_inside: list[bool] = []
+    for method in ("latent", "decode"):
+        original = getattr(stream, method)
 
-    def watched(text: str) -> Iterator[Any]:
-        for chunk in synthesize(text):
+        def watched(*args: Any, _original: Any = original) -> Any:
             busy_inside.append(COMPUTE.busy())
-            yield chunk
+            return _original(*args)
 
-    monkeypatch.setattr(voice, "synthesize", watched)
+        monkeypatch.setattr(stream, method, watched)
     busy_between = [COMPUTE.busy() for _ in tts.engine.synthesize("One sentence. And another one.")]
 
-    assert busy_inside == [True, True]  # the LLM steps aside while Piper computes (compute_load.py)
-    assert busy_between == [False, False]  # but not while the TTS stage hands the audio on
+    assert len(busy_inside) >= 4 and all(busy_inside)  # the LLM steps aside while Piper computes
+    assert busy_between and not any(busy_between)  # but not while the TTS stage hands the audio on
+
+
+LONG = "The moon is approximately three hundred and eighty four thousand kilometres away from the Earth."
+
+
+def test_a_sentence_decoded_a_stretch_at_a_time_is_the_sentence_decoded_whole(tts: PhraseCache) -> None:
+    stream = tts.engine._stream  # type: ignore[attr-defined]
+    voice = tts.engine._voice  # type: ignore[attr-defined]
+    latent = stream.latent(voice.phonemes_to_ids(voice.phonemize(LONG)[0]), (0.667, 1.0, 0.8))
+    frames = latent.shape[2]
+    whole = stream.decode(latent, 0, frames)
+    parts = [stream.decode(latent, start, end) for start, end in stretches(frames)]
+
+    assert len(parts) >= 3 and parts[0].size == FIRST_FRAMES * stream.hop
+    assert whole.size == frames * stream.hop == sum(p.size for p in parts)
+    assert float(np.max(np.abs(np.concatenate(parts) - whole))) < 1e-4
+
+
+def test_the_first_words_of_a_long_sentence_come_before_the_rest_is_made(tts: PhraseCache) -> None:
+    started = time.perf_counter()
+    stream = tts.engine.synthesize(LONG)
+    first = next(stream)
+    first_s = time.perf_counter() - started
+    rest = list(stream)
+    whole_s = time.perf_counter() - started
+
+    assert first.size < 0.3 * tts.sample_rate  # at most the first stretch, its opening silence trimmed
+    assert len(rest) >= 2 and first_s < 0.6 * whole_s
+    print(f"first audio after {first_s:.3f} s, the whole sentence after {whole_s:.3f} s")
+
+
+def test_every_sentence_has_the_voices_level_without_clipping(tts: PhraseCache) -> None:
+    for sentence in ("Yes.", "Certainly!", SENTENCE, LONG, "Wow, that's amazing!"):
+        audio = np.concatenate(list(tts.engine.synthesize(sentence))).astype(np.float64) / 32767.0
+        level = float(np.sqrt(np.mean(audio**2)))
+        assert 0.03 < level < 0.2, (sentence, level)  # about -22 dBFS, sentence after sentence
+        assert np.mean(np.abs(audio) >= 0.999) < 0.001, sentence
+
+
+def test_a_graph_without_piper_s_decoder_is_synthesised_whole(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Identity", ["input"], ["output"], name="/enc/Identity")
+    graph = helper.make_graph(
+        [node],
+        "voice",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1])],
+    )
+    model = tmp_path / "voice.onnx"
+    onnx.save(helper.make_model(graph), str(model))
+    assert split_graph(model) is None
+    assert split_graph(voice_files("joe")[0]) is not None
+
+
+def test_stretches_start_short_then_double_and_leave_no_scrap() -> None:
+    assert list(stretches(10)) == [(0, 10)]
+    assert list(stretches(60)) == [(0, 24), (24, 60)]
+    assert list(stretches(180)) == [(0, 24), (24, 72), (72, 180)]
+    assert list(stretches(200)) == [(0, 24), (24, 72), (72, 168), (168, 200)]
+    covered = [end - start for start, end in stretches(1000)]
+    assert sum(covered) == 1000 and covered[0] == FIRST_FRAMES and min(covered[1:]) >= FIRST_FRAMES

@@ -1,8 +1,9 @@
 """Text to speech: Piper voices through onnxruntime.
 
-Piper synthesises one sentence at a time, so the first sentence's audio goes out while the rest of the
-reply is still being synthesised. One voice is shared by all calls: piper serialises its espeak
-phonemiser behind its own lock and onnxruntime's run() is thread-safe.
+Piper synthesises one sentence at a time, and here each sentence comes out a stretch at a time (its first
+0.28 s first: engines/piper_stream.py), so the first words go out while the rest is still being made.
+One voice is shared by all calls: piper serialises its espeak phonemiser behind its own lock and
+onnxruntime's run() is thread-safe.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from parley.audio import trim_silence
 from parley.config import Settings
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import onnx_providers, resolve_device
+from parley.engines.piper_stream import StreamingVoice, split_graph, stretches
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ def voice_files(voice: str) -> tuple[Path, Path]:
     return model, config
 
 
-def _session_without_arena(model: Path, providers: list[str]) -> Any:
+def _session_without_arena(model: Path | bytes, providers: list[str]) -> Any:
     """An ONNX session that returns memory after each run.
 
     Piper's inputs change size with every sentence, and onnxruntime's CPU arena keeps the peak of every
@@ -57,11 +59,22 @@ def _session_without_arena(model: Path, providers: list[str]) -> Any:
     options = onnxruntime.SessionOptions()
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
-    return onnxruntime.InferenceSession(str(model), sess_options=options, providers=providers)
+    source = model if isinstance(model, bytes) else str(model)
+    return onnxruntime.InferenceSession(source, sess_options=options, providers=providers)
+
+
+# Every sentence of a voice is scaled by one gain, measured at load on this text, to this level (RMS, of
+# full scale: -22 dBFS, the usual level of speech on a phone line). Piper scales each sentence to its own
+# peak instead, which needs the whole sentence before its first sample and makes loudness jump from one
+# sentence to the next (the packaged voice's RMS then ranged 0.07-0.24 over 24 sentences; its raw peaks
+# are 0.30-0.68 at an RMS of 0.04-0.08, so this gain leaves them below full scale).
+LEVEL_TEXT = "Hello! How can I help you today? The weather in Paris is sunny, with a high of twenty degrees."
+TARGET_RMS = 0.08
 
 
 class PiperTts:
-    """TtsEngine over one Piper voice, shared by all calls."""
+    """TtsEngine over one Piper voice, shared by all calls. Where the voice's graph can be cut before its
+    decoder (engines/piper_stream.py), a sentence comes out a stretch at a time; else whole."""
 
     def __init__(self, voice: str = "joe", *, device: str = "cpu") -> None:
         from piper import PiperVoice
@@ -69,14 +82,34 @@ class PiperTts:
         model, config = voice_files(voice)
         use_cuda = "CUDAExecutionProvider" in onnx_providers(device)
         self._voice = PiperVoice.load(model, config_path=config, use_cuda=use_cuda)
-        self._voice.session = _session_without_arena(model, self._voice.session.get_providers())
+        providers = self._voice.session.get_providers()
         self.sample_rate: int = int(self._voice.config.sample_rate)
         self.device = "cuda" if use_cuda else "cpu"
+        graph = split_graph(model)
+        self._stream: StreamingVoice | None = None
+        if graph is None:
+            self._voice.session = _session_without_arena(model, providers)
+            return
+        self._voice.session = None  # the whole graph is not needed: its two parts are
+        self._stream = StreamingVoice(
+            graph, int(self._voice.config.hop_length), lambda part: _session_without_arena(part, providers)
+        )
+        self._gain = 1.0
+        level = np.concatenate(list(self._sentence_audio(self._voice.phonemize(LEVEL_TEXT)[0])))
+        self._gain = TARGET_RMS / max(1e-4, float(np.sqrt(np.mean(np.square(level, dtype=np.float64)))))
 
     def synthesize(self, text: str) -> Iterator[np.ndarray]:
         text = text.strip()
         if not any(ch.isalnum() for ch in text):
             return
+        # Piper opens every sentence with ~40-50 ms of near-silence: a caller waiting for the first words
+        # waits through it, and the sentence's own trailing silence already spaces the sentences.
+        chunks = self._sentences_whole(text) if self._stream is None else self._sentences_streamed(text)
+        for audio in chunks:
+            if audio.size:
+                yield audio
+
+    def _sentences_whole(self, text: str) -> Iterator[np.ndarray]:
         chunks = iter(self._voice.synthesize(text))
         while True:
             # Piper computes inside the iterator; only that counts (engines/compute_load.py), not the
@@ -86,11 +119,34 @@ class PiperTts:
             if chunk is None:
                 return
             audio = np.asarray(chunk.audio_int16_array, dtype=np.int16).reshape(-1)
-            # Piper opens every clip with ~40-50 ms of near-silence: a caller waiting for the first words
-            # waits through it, and the clip's own trailing silence already spaces the sentences.
-            audio = trim_silence(audio, self.sample_rate, trailing=False)
-            if audio.size:
-                yield audio
+            yield trim_silence(audio, self.sample_rate, trailing=False)
+
+    def _sentences_streamed(self, text: str) -> Iterator[np.ndarray]:
+        with COMPUTE.running(self.device):
+            sentences = self._voice.phonemize(text)
+        for phonemes in sentences:
+            if not phonemes:
+                continue
+            opening = True  # until the first sound: the silence may fill a whole first stretch
+            for audio in self._sentence_audio(phonemes):
+                pcm = np.clip(audio * (self._gain * 32767.0), -32767.0, 32767.0).astype(np.int16)
+                if opening:
+                    pcm = trim_silence(pcm, self.sample_rate, trailing=False)
+                    opening = pcm.size == 0
+                yield pcm
+
+    def _sentence_audio(self, phonemes: list[str]) -> Iterator[np.ndarray]:
+        """One sentence's float audio, a stretch at a time; only the computing counts as computing."""
+        stream = self._stream
+        assert stream is not None
+        config = self._voice.config
+        scales = (config.noise_scale, config.length_scale, config.noise_w_scale)
+        with COMPUTE.running(self.device):
+            latent = stream.latent(self._voice.phonemes_to_ids(phonemes), scales)
+        for start, end in stretches(latent.shape[2]):
+            with COMPUTE.running(self.device):
+                audio = stream.decode(latent, start, end)
+            yield audio
 
 
 class PhraseCache:

@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+import numpy as np
 import soundfile
 
 from parley import metrics
-from parley.audio import PIPELINE_RATE, resample
+from parley.audio import PIPELINE_RATE, StreamResampler
 from parley.config import Settings
 from parley.engines.stt import SttEngine, Transcription
 from parley.engines.tts import TtsEngine
@@ -309,7 +310,9 @@ class TtsStage(Stage[ReplyText]):
 
     def _synthesise(self, response: Response, text: str) -> None:
         started = time.monotonic()
-        first = True
+        unsaid = text  # the sentence's text goes with its first chunk of audio
+        # A sentence comes in stretches cut mid-word: resampled as one stream, so no edge clicks.
+        resampler = StreamResampler(self.tts.sample_rate, self.outbound.rate, quality="HQ")
         for pcm in self.tts.synthesize(text):
             if self.ctx.is_stale(response.tag):
                 return
@@ -318,10 +321,18 @@ class TtsStage(Stage[ReplyText]):
                 response.audio_ready.set()
                 response.tts_first_audio_s = time.monotonic() - started
                 metrics.STAGE_LATENCY.labels(stage="tts_first_audio").observe(response.tts_first_audio_s)
-            audio = resample(pcm, self.tts.sample_rate, self.outbound.rate)
-            response.audio_s += audio.size / self.outbound.rate
-            self.outbound.push(AudioChunk(response, audio, text if first else ""))
-            first = False
+            if self._send(response, resampler.process(pcm), unsaid):
+                unsaid = ""
+        if not self.ctx.is_stale(response.tag):
+            self._send(response, resampler.process(np.zeros(0, dtype=np.int16), last=True), unsaid)
+
+    def _send(self, response: Response, audio: np.ndarray, text: str) -> bool:
+        """Push `audio` with `text`, if there is any audio; whether it was pushed."""
+        if not audio.size:
+            return False
+        response.audio_s += audio.size / self.outbound.rate
+        self.outbound.push(AudioChunk(response, audio, text))
+        return True
 
     def recover(self, item: ReplyText) -> None:
         if item.final:
