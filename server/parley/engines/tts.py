@@ -47,18 +47,23 @@ def voice_files(voice: str) -> tuple[Path, Path]:
     return model, config
 
 
-def _session_without_arena(model: Path | bytes, providers: list[str]) -> Any:
-    """An ONNX session that returns memory after each run.
+def _piper_session(model: Path | bytes, providers: list[str]) -> Any:
+    """An ONNX session that returns memory after each run, and whose threads sleep when it has no work.
 
     Piper's inputs change size with every sentence, and onnxruntime's CPU arena keeps the peak of every
     shape it has seen: measured here, the process grew by ~180 MB per 5 sentences, without end. Without
-    the arena it stays flat, at no measurable cost in synthesis time.
+    the arena it stays flat, at no measurable cost in synthesis time. onnxruntime's threads spin between
+    and after runs by default: with a voice in two sessions (the latent, then its audio a stretch at a
+    time) the idle one's threads spun on the cores the other was using, and the first audio of a reply
+    took p50 0.15-0.19 s in the service against 0.12 s with spinning off (`bench response --transport
+    sip`); alone, a sentence takes the same either way.
     """
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     source = model if isinstance(model, bytes) else str(model)
     return onnxruntime.InferenceSession(source, sess_options=options, providers=providers)
 
@@ -88,11 +93,11 @@ class PiperTts:
         graph = split_graph(model)
         self._stream: StreamingVoice | None = None
         if graph is None:
-            self._voice.session = _session_without_arena(model, providers)
+            self._voice.session = _piper_session(model, providers)
             return
         self._voice.session = None  # the whole graph is not needed: its two parts are
         self._stream = StreamingVoice(
-            graph, int(self._voice.config.hop_length), lambda part: _session_without_arena(part, providers)
+            graph, int(self._voice.config.hop_length), lambda part: _piper_session(part, providers)
         )
         self._gain = 1.0
         level = np.concatenate(list(self._sentence_audio(self._voice.phonemize(LEVEL_TEXT)[0])))
