@@ -5,7 +5,9 @@ as a 30 s one. Here the encoder gets only the utterance (plus one second of sile
 to end cleanly), so a short turn costs a fraction of that. Decoding keeps Whisper's timestamps: without
 them it tends to repeat a short utterance over and over into the padding, with them it closes the segment
 where the speech ends, and any segment that starts after the real audio is dropped. Requests from all
-calls go through one queue; each worker takes whatever is waiting and runs one generate() over the batch.
+calls go through one queue; each worker takes whatever is waiting, has the batch encoded on every core
+(one batch at a time) and decodes it on its own core: the encoder is matrix work that threads shorten, the
+decoder a token at a time, faster on one thread than on two.
 """
 
 from __future__ import annotations
@@ -156,18 +158,34 @@ class WhisperStt:
             if cache_dir is None:
                 raise ValueError("the packaged Whisper model needs a cache folder")
             source = str(whisper_base_dir(cache_dir))
-        else:
+        elif Path(model).is_dir():
             source = model
+        else:
+            from faster_whisper.utils import download_model
+
+            source = download_model(model)
         self.device = device
         workers = max(1, workers)
+        compute_type = "float16" if device == "cuda" else "int8"
         self._model = WhisperModel(
             source,
             device=device,
-            compute_type="float16" if device == "cuda" else "int8",
+            compute_type=compute_type,
             cpu_threads=cpu_threads(workers),
             num_workers=workers,
         )
         self._whisper = self._model.model
+        self._encoder = self._whisper
+        if device == "cpu" and cpu_threads() > cpu_threads(workers):
+            import ctranslate2
+
+            # The encoder is matrix work that every core shortens (12 s of context: 96 against 176 ms on
+            # one core here); decoding is a token at a time, faster on one core. So a replica on every core
+            # encodes, one batch at a time, and each worker decodes on its own core.
+            self._encoder = ctranslate2.models.Whisper(
+                source, device=device, compute_type=compute_type, intra_threads=cpu_threads(), inter_threads=1
+            )
+        self._encoding = threading.Lock()
         tokenizer = self._model.hf_tokenizer
         self._tokenizer = tokenizer
         self._eot = tokenizer.token_to_id("<|endoftext|>")
@@ -316,14 +334,18 @@ class WhisperStt:
         )
         started = time.perf_counter()
         view = ctranslate2.StorageView.from_array(np.ascontiguousarray(batch))
+        # Encoded apart, decoding (and language detection) take the encoder's output as it is.
+        if self._encoder is not self._whisper:
+            with self._encoding:
+                view = self._encoder.encode(view)
+        elif self._multilingual and not self._language:
+            view = self._whisper.encode(view)
         if not self._multilingual:
             prompts = [[self._sot]] * len(windows)
         else:
             if self._language:
                 languages = [f"<|{self._language}|>"] * len(windows)
             else:
-                # Encode once and reuse the encoder output for detection and decoding.
-                view = self._whisper.encode(view)
                 languages = [ranked[0][0] for ranked in self._whisper.detect_language(view)]
             prompts = [[self._sot, self._tokenizer.token_to_id(lang), self._transcribe] for lang in languages]
         longest = max(w.seconds for w in windows)
