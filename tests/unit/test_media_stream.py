@@ -292,6 +292,7 @@ async def test_the_caller_hears_the_greeting_as_media_each_chunk_followed_by_a_m
         call = await wait_for_call(client)
         assert call.transport == "twilio" and call.caller == "+15550001111" and call.called == "+1555"
         assert call.context == {"caller": "+15550001111", "called": "+1555", "team": "x"}
+
         def sent() -> bytes:
             return b"".join(base64.b64decode(m["media"]["payload"]) for m in carrier.events("media"))
 
