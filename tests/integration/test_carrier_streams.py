@@ -97,8 +97,9 @@ async def test_speaking_over_the_reply_clears_it_and_keeps_only_what_was_played(
         # The clear leaves with the decision: it reaches the carrier within a frame of the event that
         # reports the decision (both go out through the event loop the moment the flush happens).
         assert abs(clear_at - decided_at) < 0.04
-        # What the history keeps is what the marks say played: the chunks (sentences) whose marks came
-        # back before the clear, then at most a part of the one playing when it came.
+        # What the history keeps is what the marks say played: the chunks whose marks came back before
+        # the clear, then at most a part of the one playing when it came. A sentence goes out as one or
+        # more chunks (Piper's stretches), each with its mark, and its text rides on its first chunk.
         spoken = [
             str(e["text"])
             for t, e in phone.events
@@ -107,8 +108,7 @@ async def test_speaking_over_the_reply_clears_it_and_keeps_only_what_was_played(
         played = [name for t, name in phone.marks_played if reply_heard <= t <= clear_at]
         heard = str(transcript(service, phone.call_id)[cut["turn_id"]]["agent"])
         assert heard == cut["text"]
-        whole = " ".join(spoken[: len(played)])
-        assert heard.startswith(whole), (heard, spoken, played)
+        assert played and heard and " ".join(spoken).startswith(heard), (heard, spoken, played)
         assert len(heard.split()) <= len(" ".join(spoken[: len(played) + 1]).split()), (heard, spoken, played)
         await playback.finished
         answer = await phone.wait_for_event("agent_done", timeout=60, after=onset, interrupted=False)
