@@ -83,6 +83,7 @@ async def measure(
             done_at = await caller.wait_for_silence(after=time.monotonic(), hold_s=0.3, timeout=30)
             server = await caller.wait_for_event("latency", timeout=5, after=spoken_end)
             pause = caller.longest_pause_between(heard_at, done_at)
+            said = caller.latest_event("user_transcript", turn_id=done.get("turn_id"))
             progress(
                 f"question {i + 1}/{len(clips)}: reply audio after {heard_at - spoken_end:.3f} s, "
                 f"longest pause inside it {pause:.2f} s"
@@ -96,6 +97,7 @@ async def measure(
                     # What was said tells runs apart: a reply whose first words were said before costs
                     # no synthesis (the phrase cache), and the history makes each call's replies differ.
                     "reply": done["text"],
+                    "transcript": said["text"] if said else None,  # what the service heard asked
                     "server": server,
                 }
             )
