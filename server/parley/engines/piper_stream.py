@@ -15,7 +15,7 @@ Measured here (joe-medium, 2 cores): "The capital city of Japan" gave its first 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,11 +76,11 @@ def stretches(frames: int) -> Iterator[tuple[int, int]]:
 class StreamingVoice:
     """A split Piper graph: the latent of a sentence, then its audio a stretch at a time (float, unscaled)."""
 
-    def __init__(self, graph: SplitGraph, hop: int, session: Any) -> None:
-        self.hop = hop
+    def __init__(self, graph: SplitGraph, hop: int, make_session: Callable[[bytes], Any]) -> None:
+        self.hop = hop  # audio samples per latent frame
         self._latent_name = graph.latent
-        self._front = session(graph.front)
-        self._decoder = session(graph.decoder)
+        self._front = make_session(graph.front)
+        self._decoder = make_session(graph.decoder)
 
     def latent(self, phoneme_ids: list[int], scales: tuple[float, float, float]) -> np.ndarray:
         args = {
