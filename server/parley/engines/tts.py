@@ -8,6 +8,7 @@ onnxruntime's run() is thread-safe.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -83,23 +84,23 @@ class PiperTts:
 
     def __init__(self, voice: str = "joe", *, device: str = "cpu") -> None:
         from piper import PiperVoice
+        from piper.config import PiperConfig
 
         model, config = voice_files(voice)
-        use_cuda = "CUDAExecutionProvider" in onnx_providers(device)
-        self._voice = PiperVoice.load(model, config_path=config, use_cuda=use_cuda)
-        providers = self._voice.session.get_providers()
-        self.sample_rate: int = int(self._voice.config.sample_rate)
-        self.device = "cuda" if use_cuda else "cpu"
+        providers = onnx_providers(device)
+        self.device = "cuda" if "CUDAExecutionProvider" in providers else "cpu"
+        # Built here rather than by PiperVoice.load, which would open a session of the whole graph that
+        # a split voice never runs (and an unsplit one runs only with this module's session options).
         graph = split_graph(model)
+        whole = _piper_session(model, providers) if graph is None else None
+        self._voice = PiperVoice(session=whole, config=PiperConfig.from_dict(json.loads(config.read_text())))
+        self.sample_rate: int = int(self._voice.config.sample_rate)
         self._stream: StreamingVoice | None = None
         if graph is None:
-            self._voice.session = _piper_session(model, providers)
             return
-        self._voice.session = None  # the whole graph is not needed: its two parts are
         self._stream = StreamingVoice(
             graph, int(self._voice.config.hop_length), lambda part: _piper_session(part, providers)
         )
-        self._gain = 1.0
         level = np.concatenate(list(self._sentence_audio(self._voice.phonemize(LEVEL_TEXT)[0])))
         self._gain = TARGET_RMS / max(1e-4, float(np.sqrt(np.mean(np.square(level, dtype=np.float64)))))
 
