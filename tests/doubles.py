@@ -11,7 +11,7 @@ import numpy as np
 
 from parley.engines import Engines
 from parley.engines.llm import Message
-from parley.engines.stt import Transcription
+from parley.engines.stt import SttCancelled, Transcription
 from parley.engines.toolcalls import ToolCall
 
 TONE_RATE = 16000
@@ -50,7 +50,11 @@ class ScriptedStt:
         self.delay_s = delay_s
         self.calls: list[float] = []
 
-    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
+    def transcribe(
+        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+    ) -> Transcription:
+        if wanted is not None and not wanted():
+            raise SttCancelled("no longer wanted")
         seconds = audio.size / 16000
         self.calls.append(seconds)
         time.sleep(self.delay_s)
@@ -174,9 +178,11 @@ class FaultyStt(ScriptedStt):
         super().__init__(**options)
         self.fault = fault
 
-    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
+    def transcribe(
+        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+    ) -> Transcription:
         self.fault.strike("stt")
-        return super().transcribe(audio, urgent=urgent)
+        return super().transcribe(audio, urgent=urgent, wanted=wanted)
 
 
 class FaultyLlm(ScriptedLlm):

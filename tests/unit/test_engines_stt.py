@@ -13,7 +13,7 @@ import pytest
 
 from parley.config import Settings
 from parley.engines.compute_load import COMPUTE
-from parley.engines.stt import SttClosed, Transcription, WhisperStt, load_stt
+from parley.engines.stt import SttCancelled, SttClosed, Transcription, WhisperStt, load_stt
 from tests.unit.test_engines_speech import needs_espeak, normalise, speech
 
 pytestmark = needs_espeak
@@ -110,6 +110,46 @@ def test_three_concurrent_callers_each_get_their_own_text_in_one_or_two_batches(
     assert sum(batch_sizes) == len(PHRASES)
     assert len(batch_sizes) < len(PHRASES), batch_sizes  # someone shared a batch
     print("latency per caller:", {p[:12]: round(s, 3) for p, s in latency.items()}, "batches:", batch_sizes)
+
+
+def test_audio_no_longer_wanted_when_its_turn_comes_is_never_transcribed(
+    one_worker: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A speculative reply cancelled while its audio waits behind other calls' costs no transcription."""
+    stt = one_worker
+    first, second = PHRASES[0], PHRASES[1]
+    busy, release = threading.Event(), threading.Event()
+    batches: list[int] = []
+
+    def seen(windows: list[Any]) -> None:
+        batches.append(len(windows))
+        busy.set()
+        release.wait(10)
+
+    watch(monkeypatch, stt, "_generate", seen)
+    wanted = True
+    outcome: dict[str, Any] = {}
+
+    def ask(phrase: str, **options: Any) -> None:
+        try:
+            outcome[phrase] = stt.transcribe(voices[phrase], **options).text
+        except SttCancelled as exc:
+            outcome[phrase] = exc
+
+    ahead = threading.Thread(target=ask, args=(first,))
+    ahead.start()
+    assert busy.wait(10)  # the worker is busy with the first caller's audio
+    behind = threading.Thread(target=ask, args=(second,), kwargs={"wanted": lambda: wanted})
+    behind.start()
+    time.sleep(0.2)  # queued behind it
+    wanted = False  # the caller went on speaking: the draft was cancelled
+    release.set()
+    ahead.join(20)
+    behind.join(20)
+
+    assert words_right(outcome[first], first) >= 0.75, outcome
+    assert isinstance(outcome[second], SttCancelled), outcome
+    assert batches == [1]  # the second audio never reached Whisper
 
 
 def test_the_same_audio_gives_the_same_transcript_alone_or_batched(

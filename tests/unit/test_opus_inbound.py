@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import pytest
@@ -189,9 +189,11 @@ class RecordingStt(ScriptedStt):
         super().__init__()
         self.heard: list[np.ndarray] = []
 
-    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
+    def transcribe(
+        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+    ) -> Transcription:
         self.heard.append(audio)
-        return super().transcribe(audio, urgent=urgent)
+        return super().transcribe(audio, urgent=urgent, wanted=wanted)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,8 +78,12 @@ class Transcription:
 
 
 class SttEngine(Protocol):
-    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
-        """`urgent`: ahead of the utterances already waiting (a paused agent is waiting for it)."""
+    def transcribe(
+        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+    ) -> Transcription:
+        """`urgent`: ahead of the utterances already waiting (a paused agent is waiting for it).
+        `wanted`: asked before the audio is worked on; False then raises SttCancelled (a speculative
+        reply cancelled while it waited its turn costs nothing)."""
         ...
 
 
@@ -100,11 +105,24 @@ class _Decoded:
 class _Window:
     features: np.ndarray  # (n_mels, frames), already padded with a second of silence
     seconds: float  # real audio in the window, without the padding
+    wanted: Callable[[], bool] | None = None
     future: Future[_Decoded] = field(default_factory=Future)
+
+    def still_wanted(self) -> bool:
+        """Claims the window for a worker: False (the future failed) when no one waits for it any more."""
+        if self.wanted is not None and not self.wanted():
+            if self.future.set_running_or_notify_cancel():
+                self.future.set_exception(SttCancelled("no longer wanted"))
+            return False
+        return self.future.set_running_or_notify_cancel()
 
 
 class SttClosed(RuntimeError):
     pass
+
+
+class SttCancelled(RuntimeError):
+    """The audio was no longer wanted when its turn came (`transcribe`'s `wanted`)."""
 
 
 def _quiet_cut(samples: np.ndarray, end: int) -> int:
@@ -211,7 +229,9 @@ class WhisperStt:
 
     # Caller side
 
-    def transcribe(self, audio: np.ndarray, *, urgent: bool = False) -> Transcription:
+    def transcribe(
+        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+    ) -> Transcription:
         started = time.perf_counter()
         samples = to_float32(np.asarray(audio)).reshape(-1)
         if samples.size < MIN_SAMPLES or float(np.max(np.abs(samples))) < SILENT_PEAK:
@@ -227,7 +247,7 @@ class WhisperStt:
             # Feature extraction is numpy work: doing it here spreads it over the callers' threads.
             padding = max(TAIL_PADDING, MIN_CONTEXT_SAMPLES - chunk.size)
             features = self._model.feature_extractor(chunk, padding=padding)[:, :MAX_FRAMES]
-            window = _Window(features.astype(np.float32), chunk.size / SAMPLE_RATE)
+            window = _Window(features.astype(np.float32), chunk.size / SAMPLE_RATE, wanted)
             self._submit(window, urgent)
             decoded = window.future.result()
             no_speech = min(no_speech, decoded.no_speech_prob)
@@ -305,7 +325,10 @@ class WhisperStt:
                     others.append(entry)
             for entry in others:
                 self._queue.put(entry)
-            batch = [w for w in batch if w.future.set_running_or_notify_cancel()]
+            wanted = [w for w in batch if w.still_wanted()]
+            if len(wanted) < len(batch):
+                event(log, "stt_dropped", logging.DEBUG, windows=len(batch) - len(wanted))
+            batch = wanted
             if batch:
                 try:
                     results = self._generate(batch)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -20,7 +21,7 @@ import soundfile
 from parley import metrics
 from parley.audio import PIPELINE_RATE, StreamResampler
 from parley.config import Settings
-from parley.engines.stt import SttEngine, Transcription
+from parley.engines.stt import SttCancelled, SttEngine, Transcription
 from parley.engines.tts import TtsEngine
 from parley.log import event
 from parley.outbound import Outbound
@@ -167,10 +168,20 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
         else:
             if draft is not None:
                 draft.mark("stt_start")
-            result = self.stt.transcribe(item.audio)
+            try:
+                # A draft cancelled while its audio waits for Whisper (the caller went on) is dropped
+                # there: under load, most pauses inside a question would otherwise cost a transcription.
+                result = self.stt.transcribe(item.audio, wanted=self._wanted(draft))
+            except SttCancelled:
+                return
         self._early = (item, result)
         if draft is not None:
             self._answer(draft, result)
+
+    def _wanted(self, draft: Response | None) -> Callable[[], bool] | None:
+        if draft is None:
+            return None  # transcribed ahead for the utterance that may follow: wanted until it comes
+        return lambda: not self.ctx.is_stale(draft.tag)
 
     def _answer(self, response: Response, result: Transcription) -> None:
         response.mark("transcript")
