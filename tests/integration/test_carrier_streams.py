@@ -17,9 +17,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from parley.app import create_app
-from parley.bench.calls import word_overlap
 from parley.bench.carrier import CarrierCaller
-from parley.bench.common import QUESTIONS
+from parley.bench.common import QUESTIONS, word_overlap
 from parley.bench.interruption import speech_onset_s
 from parley.bench.listening import CallFailed
 from parley.bench.service import Service, metric_value

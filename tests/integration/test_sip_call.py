@@ -14,7 +14,7 @@ import pytest
 
 from parley.audio import resample
 from parley.bench.caller import Caller
-from parley.bench.calls import word_overlap
+from parley.bench.common import word_overlap
 from parley.bench.interruption import speech_onset_s
 from parley.bench.service import Service, metric_value
 from parley.bench.sip_caller import SipCaller

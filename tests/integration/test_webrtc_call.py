@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 
 from parley.bench.caller import Caller
-from parley.bench.calls import word_overlap
+from parley.bench.common import word_overlap
 from parley.bench.service import Service, metric_value
 from parley.bench.speech import espeak
 from parley.engines.stt import SttEngine

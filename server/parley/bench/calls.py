@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from parley.bench import percentiles, progress
-from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for
+from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for, word_overlap
 from parley.bench.cpu import cpu_seconds, rss_mb
 from parley.bench.response import DEAD_AIR_S
 from parley.bench.service import Service, speculation_counts
@@ -28,15 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--callers", type=int, default=3, help="simultaneous callers (default 3)")
     parser.add_argument("--rounds", type=int, default=2, help="questions each caller asks (default 2)")
     add_transport_arguments(parser)
-
-
-def words(text: str) -> set[str]:
-    return {w.strip(".,?!'\"").lower() for w in text.split() if w.strip(".,?!'\"")}
-
-
-def word_overlap(heard: str, said: str) -> float:
-    """The share of the words said that were heard (a transcript check that tolerates one slip)."""
-    return len(words(heard) & words(said)) / max(1, len(words(said)))
 
 
 async def _one_caller(

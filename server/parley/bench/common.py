@@ -69,3 +69,12 @@ def service_for(args: argparse.Namespace) -> Iterator[tuple[str, Service | None]
     log_path = Path(args.server_log) if args.server_log else None
     with Service(args.server_arg, log_path=log_path) as service:
         yield service.base_url, service
+
+
+def words(text: str) -> set[str]:
+    return {w.strip(".,?!'\"").lower() for w in text.split() if w.strip(".,?!'\"")}
+
+
+def word_overlap(heard: str, said: str) -> float:
+    """The share of the words said that were heard (a transcript check that tolerates one slip)."""
+    return len(words(heard) & words(said)) / max(1, len(words(said)))

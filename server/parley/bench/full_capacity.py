@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 
 from parley.bench import percentiles, progress
-from parley.bench.calls import word_overlap
-from parley.bench.common import QUESTIONS
+from parley.bench.common import QUESTIONS, word_overlap
 from parley.bench.cpu import cpu_seconds, rss_mb
 from parley.bench.service import Service
 from parley.bench.speech import espeak, trim

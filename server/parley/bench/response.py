@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from parley.bench import percentiles, progress
-from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for
+from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for, word_overlap
 from parley.bench.cpu import cpu_seconds, rss_mb
 from parley.bench.service import Service, speculation_counts
 from parley.bench.speech import espeak, trim
@@ -111,10 +111,16 @@ async def measure(
         for key in ("stt_s", "llm_first_token_s", "tts_first_audio_s", "response_s")
     }
     pauses = [r["longest_pause_s"] for r in rows]
+    # A reply can only be as right as what was heard: over G.711 espeak-ng's voice loses words to Whisper
+    # (a reply to "what is my mother like in Paris" is the model's best, not a fault of the pipeline).
+    verbatim = sum(
+        r["transcript"] is not None and word_overlap(r["transcript"], r["question"]) == 1.0 for r in rows
+    )
     summary: dict[str, Any] = {
         "response_s (caller)": percentiles(latencies),
         "longest pause inside a reply (s)": percentiles(pauses),
         f"replies with a pause over {DEAD_AIR_S} s": f"{sum(p > DEAD_AIR_S for p in pauses)}/{len(pauses)}",
+        "questions heard word for word": f"{verbatim}/{len(rows)}",
     }
     summary.update({f"server {k}": v for k, v in stage.items()})
     if setup_s is not None:
