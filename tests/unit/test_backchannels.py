@@ -36,6 +36,9 @@ def heard(text: str, logprob: float = -0.8) -> Transcription:
         "um okay",
         "Oh, really?",
         "Uh-huh.",
+        "uhuh",  # an espeak-ng "uh huh" over SIP, as Whisper wrote it
+        "Uhhuh.",
+        "Okayokay.",
         "Mm-hmm.",
         "mm",
         "Yeah.",
@@ -74,6 +77,8 @@ def test_fillers_exclamations_backchannels_and_laughs_let_the_agent_go_on(text: 
         "Okay, but what about Madrid?",
         "Yeah, no, tell me about London instead.",
         "The time?",  # a function word with more: words
+        "Mum.",  # not "m" + "um": single letters are no backchannel pieces
+        "Ohno.",  # "oh" + "no": "no" is no backchannel
     ],
 )
 def test_words_interrupt_the_agent(text: str) -> None:

@@ -6,7 +6,8 @@ as an "uh"). The agent goes on when Whisper heard:
 - nothing lexical: no text, or only its annotations ("(coughs)", "[laughter]", "*sighs*");
 - only backchannel words and phrases from the settings' list, in any combination: fillers ("uh", "um",
   "hmm"), exclamations ("oh wow", "ah okay"), acknowledgements ("uh-huh", "yeah", "got it"), laughter
-  ("haha"); spelling variants are folded ("hmmm" is "hmm", "hahaha" is "ha");
+  ("haha"); spelling variants are folded ("hmmm" is "hmm", "hahaha" is "ha"), and one-word backchannels
+  written as one word are taken apart (an espeak-ng "uh huh" over SIP came out as "uhuh");
 - one word with no content of its own ("the", "them", "and"): what Whisper writes for a sound it heard
   as speech (a "hmm" over Opus came out as "them", -0.65, sure of itself); no one takes the turn with it,
   and one who goes on gets asked about again, with all the words;
@@ -35,6 +36,7 @@ FUNCTION_WORDS = frozenset((
     "a", "an", "the", "and", "or", "of", "to", "in", "on", "at", "as", "it", "its", "them", "they", "him",
     "her", "he", "she", "we", "i", "this", "that", "these", "those",
 ))  # fmt: skip
+RUN_TOGETHER_MIN_PIECE = 2  # "uhuh" is "uh" + "uh"; single letters ("m" + "um": "mum") do not count
 UNSURE_MAX_WORDS = 1  # a low-confidence guess of more words than this is still taken as words
 UNSURE_MAX_SPEECH_MS = 500.0  # nor is a guess for longer speech: espeak-ng "yeah" 416 ms, "hold on" 736
 
@@ -62,11 +64,12 @@ class BackchannelJudge:
     def __init__(self, phrases: Iterable[str], min_logprob: float) -> None:
         self._phrases = {p for p in (_phrase(text) for text in phrases) if p}
         self._longest = max((len(p) for p in self._phrases), default=1)
+        self._pieces = {p[0] for p in self._phrases if len(p) == 1 and len(p[0]) >= RUN_TOGETHER_MIN_PIECE}
         self.min_logprob = min_logprob
 
     def judge(self, heard: Transcription, speech_ms: float) -> Verdict:
         """`speech_ms`: how much of the audio the VAD took for speech."""
-        words = _phrase(_ANNOTATION.sub(" ", heard.text))
+        words = self._taken_apart(_phrase(_ANNOTATION.sub(" ", heard.text)))
         if not words:
             return Verdict(True, "no words", heard.text)
         if self.only_backchannels(words):
@@ -80,6 +83,25 @@ class BackchannelJudge:
         ):
             return Verdict(True, "unsure", heard.text)
         return Verdict(False, "words", heard.text)
+
+    def _taken_apart(self, words: tuple[str, ...]) -> tuple[str, ...]:
+        """Each word that is one-word backchannels run together ("uhuh", "okayokay") as those words."""
+        out: list[str] = []
+        for word in words:
+            out.extend(self._split(word) if (word,) not in self._phrases else [word])
+        return tuple(out)
+
+    def _split(self, word: str) -> list[str]:
+        """`word` as a run of one-word backchannels (each folded), or as it is when it is not one."""
+        splits: list[list[str] | None] = [[]] + [None] * len(word)
+        for end in range(RUN_TOGETHER_MIN_PIECE, len(word) + 1):
+            for start in range(0, end - RUN_TOGETHER_MIN_PIECE + 1):
+                before = splits[start]
+                if before is not None and fold(word[start:end]) in self._pieces:
+                    splits[end] = [*before, fold(word[start:end])]
+                    break
+        found = splits[-1]
+        return found if found and len(found) > 1 else [word]
 
     def only_backchannels(self, words: tuple[str, ...]) -> bool:
         """Whether the words split into backchannel phrases ("oh" + "i see"), however many."""
