@@ -103,8 +103,14 @@ class Ears:
         caller without the page's data channel (SIP, a carrier stream) sees what the service decided."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         url = f"{base_url.rstrip('/')}/api/calls/{call_id}/events"
+        # The stream lasts as long as the call: aiohttp's default (5 minutes in all) cut a longer call's
+        # events off, and its caller waited for an agent_done that had been sent.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as response:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.get(url, headers=headers) as response,
+            ):
                 async for line in response.content:
                     if line.startswith(b"data: "):
                         with contextlib.suppress(ValueError):
