@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from parley.bench import percentiles, progress
-from parley.bench.common import add_transport_arguments, caller_for, service_for
+from parley.bench.common import add_transport_arguments, caller_for, service_for, words
 from parley.bench.corpus import INTERRUPTIONS, NOT_INTERRUPTIONS, PAUSED_QUESTIONS, STORY_PROMPTS, Sound
 from parley.bench.listening import Ears
 from parley.bench.service import metric_value, metrics_text, speculation_counts
@@ -170,10 +170,6 @@ async def sound_trial(
     }
 
 
-def _words(text: str) -> set[str]:
-    return {w.strip(".,?!'\"").lower() for w in text.split()}
-
-
 async def pause_trial(caller: Ears, question: tuple[str, str, str, str], pause_ms: int) -> dict[str, Any]:
     """A question with a pause in the middle: one reply, to the whole question, from the clip's start."""
     first, rest, first_word, rest_word = question
@@ -184,7 +180,7 @@ async def pause_trial(caller: Ears, question: tuple[str, str, str, str], pause_m
     replies = _events(caller, "agent_done", started)
     said = [e for e in _events(caller, "user_transcript", started) if e["turn_id"] == done["turn_id"]]
     last: dict[str, Any] = said[-1] if said else {"revision": 0, "text": ""}
-    whole = {first_word, rest_word} <= _words(last["text"])
+    whole = {first_word, rest_word} <= words(last["text"])
     # Agent speech while the question was still being asked: a reply to its first half (a superseded
     # revision, or a speculative reply the pause started) that reached the caller.
     early = caller.speech_seconds_between(started, asked)
