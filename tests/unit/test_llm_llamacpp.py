@@ -297,3 +297,19 @@ def test_llama_cpp_takes_packaged_models_and_local_gguf_files_only(tmp_path: Pat
         validate(Settings(llm_runtime="vllm"))
     with pytest.raises(SettingsError, match="llm_threads"):
         validate(Settings(llm_threads=-1))
+
+
+def test_a_llama_cpp_built_with_amx_kernels_loads_the_model_without_them() -> None:
+    # Those kernels crash in the first decode of the packaged model (a Xeon with AMX-INT8); the Makefile
+    # builds without them, and a build that has them loads every weight into the plain CPU buffer.
+    from parley.engines.llamacpp_model import _has_amx_kernels
+
+    class Built:
+        def __init__(self, info: bytes) -> None:
+            self.info = info
+
+        def llama_print_system_info(self) -> bytes:
+            return self.info
+
+    assert _has_amx_kernels(Built(b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | "))
+    assert not _has_amx_kernels(Built(b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 | "))

@@ -42,6 +42,13 @@ def _route_logs(lc: Any) -> None:
         lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
+def _has_amx_kernels(lc: Any) -> bool:
+    """Whether this llama.cpp build carries ggml's AMX kernels (built with -march=native on an Intel CPU
+    that has AMX). Those kernels crash in the first llama_decode of Qwen2.5-0.5B's mixed Q4_K_M weights
+    (llama-cpp-python 0.3.36 on a Xeon with AMX-INT8: SIGSEGV), so the model is loaded without them."""
+    return b"AMX_INT8 = 1" in bytes(lc.llama_print_system_info() or b"")
+
+
 class LlamaCppModel:
     """The llama.cpp model, context and batch, through the C API that llama-cpp-python binds."""
 
@@ -51,6 +58,12 @@ class LlamaCppModel:
         self.lc = lc
         _route_logs(lc)
         params = lc.llama_model_default_params()
+        if _has_amx_kernels(lc):
+            # Extra buffer types are AMX and the CPU's repacked layouts: without them every weight stays
+            # in the plain CPU buffer (measured on that Xeon: no slower for this model). The Makefile builds
+            # llama.cpp without AMX, so that the repacked layouts stay; this guards older builds.
+            log.warning("llama.cpp was built with AMX kernels, which crash: loading without extra buffers")
+            params.use_extra_bufts = False
         self.model = lc.llama_model_load_from_file(str(gguf).encode(), params)
         if not self.model:
             raise LlmError(f"llama.cpp could not load {gguf}")
