@@ -73,6 +73,11 @@ def test_first_piece_is_an_early_clause_then_whole_sentences() -> None:
         pieces += segmenter.push(word + " ")
     pieces += segmenter.flush()
     assert pieces == ["Sure, the weather in Paris", "is mild today.", "Take a jacket!", "Bye"]
+    # A clause of two words is a piece of its own; "Sure," above (one word) is not.
+    segmenter = ReplySegmenter()
+    reply = "I'm sorry, but I do not know the weather there."
+    pieces = [piece for word in reply.split(" ") for piece in segmenter.push(word + " ")]
+    assert pieces + segmenter.flush() == ["I'm sorry,", "but I do not know the weather there."]
     assert clean_for_speech("# Title with `code` and [a link](http://x)") == "Title with code and a link"
 
 

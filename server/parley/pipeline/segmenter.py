@@ -1,10 +1,11 @@
 """Cuts streamed reply text into pieces worth speaking: an early first clause, then whole sentences.
 
 Speech starts when the first piece is synthesised, so the first piece ends at the first clause
-boundary once a few words are in, or, in a sentence without one, before the first word that opens a
-phrase once four words are in ("The capital of France | is Paris."); later pieces are sentences, which
-sound better. The phrase break costs a little prosody and saves the rest of the sentence's tokens: with
-Qwen2.5-0.5B on 2 cores (26 tokens/s), most plain answers are one 6-20 word sentence with no comma.
+boundary once two words are in ("I'm sorry, | but ..."; "Sure, the weather ..." waits for more), or,
+in a sentence without one, before the first word that opens a phrase once four words are in ("The
+capital of France | is Paris."); later pieces are sentences, which sound better. The phrase break costs a
+little prosody and saves the rest of the sentence's tokens: with Qwen2.5-0.5B on 2 cores (26 tokens/s),
+most plain answers are one 6-20 word sentence with no comma.
 
 A later piece is cut early too when the audio ahead of it is about to run out (`hurry`): after a short
 first piece ("Sure!") a whole 20-word sentence takes the model 1-2 s here, which the caller would hear
@@ -22,6 +23,10 @@ _MARKUP = re.compile(r"[*_`#>|]+|\[(.*?)\]\(.*?\)")
 _SPACES = re.compile(r"\s+")
 
 FIRST_PIECE_MIN_WORDS = 3
+# A clause of two words is a phrase of its own ("I'm sorry,", "Of course,"): the model writes on while it
+# is said. At three, such a reply waited for the next phrase opener, 6-8 more tokens (0.3 s at 50 ms a
+# token on a 2-core Xeon).
+FIRST_CLAUSE_MIN_WORDS = 2
 FIRST_PIECE_PHRASE_WORDS = 4  # words before a phrase break may end the first piece
 PHRASE_OPENERS = frozenset((
     "is", "are", "was", "were", "will", "can", "in", "on", "at", "for", "with", "by", "from", "and", "but",
@@ -83,7 +88,7 @@ class ReplySegmenter:
         if self._pieces_out == 0 or hurry:
             for boundary in _BOUNDARY.finditer(self._buffer):
                 end = boundary.end()
-                if boundary.group("sentence") or len(self._buffer[:end].split()) >= FIRST_PIECE_MIN_WORDS:
+                if boundary.group("sentence") or len(self._buffer[:end].split()) >= FIRST_CLAUSE_MIN_WORDS:
                     return end
             phrase = self._phrase_break()
             if phrase is not None:
