@@ -313,3 +313,16 @@ def test_a_llama_cpp_built_with_amx_kernels_loads_the_model_without_them() -> No
 
     assert _has_amx_kernels(Built(b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | "))
     assert not _has_amx_kernels(Built(b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 | "))
+
+
+def test_a_reply_does_not_copy_the_earlier_replies_of_its_conversation(llm: LlamaCppLlm) -> None:
+    # Two misheard questions answered alike; greedily, Qwen2.5-0.5B then said that reply word for word to
+    # every later question (over SIP, 2026-12-02). Now it writes a reply of its own (engines/repeats.py),
+    # though not always a better one: this small model may still decline.
+    sorry = "I'm sorry, but I don't have enough information to answer that question. Could you please provide"
+    messages: list[Message] = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}]
+    for heard in ("What is my winner like in Paris to me?", "Can you recommend a God both to read?"):
+        messages += [{"role": "user", "content": heard}, {"role": "assistant", "content": sorry}]
+    messages.append({"role": "user", "content": "How do I make a cup of tea?"})
+    reply = "".join(str(piece) for piece in llm.stream(messages, never))
+    assert reply and not sorry.startswith(reply[:40]), reply

@@ -182,6 +182,11 @@ class ChatTokenizer:
             return []
         return ids[at[0] + len(own) : at[1]]
 
+    def encode(self, text: str) -> list[int]:
+        """`text`'s tokens on their own, as a reply that said it would have written them."""
+        with self.lock:
+            return _input_ids(self.tokenizer.encode(text, add_special_tokens=False))
+
     def pieces(self, ids: list[int]) -> list[str]:
         if not ids:
             return []

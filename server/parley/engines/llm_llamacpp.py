@@ -54,6 +54,7 @@ from parley.engines.llm import (
     Tools,
     deltas_from_steps,
 )
+from parley.engines.repeats import penalise_copies
 from parley.log import event
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class _Request:
     next_token: int | None = None  # sampled, to be fed at the next step
     reused: int = 0  # prompt tokens found already in the KV cache
     waiting: bool = False  # its caller is asking whether to stop, which may wait (for the reply's audio)
+    earlier: list[list[int]] = field(default_factory=list)  # the conversation's earlier replies' tokens
 
 
 class LlamaCppLlm(LocalLlm):
@@ -133,7 +135,12 @@ class LlamaCppLlm(LocalLlm):
         prompt = self._chat.prompt_ids(messages, tools)
         if len(prompt) + self.max_tokens > CONTEXT_PER_SEQUENCE:
             raise LlmError(f"a prompt of {len(prompt)} tokens does not fit {CONTEXT_PER_SEQUENCE}")
-        request = self._ask(prompt, self.max_tokens)
+        earlier = [
+            self._chat.encode(m["content"])
+            for m in messages
+            if m.get("role") == "assistant" and isinstance(m.get("content"), str)
+        ]
+        request = self._ask(prompt, self.max_tokens, earlier)
 
         def asking_to_stop() -> bool:
             # While its caller waits in there (the LLM stage waits for its first audio), the reply sits
@@ -153,8 +160,8 @@ class LlamaCppLlm(LocalLlm):
             with self._condition:
                 self._condition.notify()
 
-    def _ask(self, prompt: list[int], limit: int) -> _Request:
-        request = _Request(prompt, limit)
+    def _ask(self, prompt: list[int], limit: int, earlier: list[list[int]] | None = None) -> _Request:
+        request = _Request(prompt, limit, earlier=earlier or [])
         with self._condition:
             if self._closed:
                 raise LlmError("the LLM engine is closed")
@@ -370,7 +377,7 @@ class LlamaCppLlm(LocalLlm):
             with self._condition:
                 self._release(request)
             return
-        token = self._sample(logits, request.said)
+        token = self._sample(logits, request.said, request.earlier)
         if not request.said:
             event(
                 log,
@@ -405,8 +412,9 @@ class LlamaCppLlm(LocalLlm):
             return
         self._waiting.append(_Request(sequence.tokens + opening, limit=0))
 
-    def _sample(self, logits: np.ndarray, said: list[int]) -> int:
+    def _sample(self, logits: np.ndarray, said: list[int], earlier: list[list[int]]) -> int:
         scores = logits.astype(np.float32, copy=True)
+        penalise_copies(scores, said, earlier)  # not another turn's reply again (engines/repeats.py)
         if said and REPETITION_PENALTY != 1.0:
             seen = np.unique(np.asarray(said[-PENALTY_WINDOW:], dtype=np.int64))
             values = scores[seen]

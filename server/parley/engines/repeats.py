@@ -1,0 +1,51 @@
+"""Keeps a reply from copying an earlier one: a penalty on the token that would extend a copied run.
+
+A small model decoding greedily falls into saying the same reply every turn: once two of its replies
+in the history begin alike, the likeliest next reply is that one again ("I'm sorry, but I don't have
+enough information to ..." to nine different questions in a row over SIP, 2026-12-02). The repetition
+penalty looks only inside the reply being written. This looks at the conversation's earlier replies, in
+the way of the "DRY" sampler: when the reply's last tokens are the same run as somewhere in an earlier
+reply, the token that came next there is penalised, more the longer the run, so that a reply may start
+as another did ("The capital of ...") but does not go on copying it. Words the caller said are not
+looked at: an answer repeats the question's words by right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+ALLOWED_RUN = 2  # tokens of an earlier reply a reply may repeat freely ("I'm", "The capital")
+BASE = 1.75  # each token more of the same run multiplies the penalty by this
+MULTIPLIER = 0.8  # the penalty (in logits) on the token that makes the run ALLOWED_RUN + 1 long
+LONGEST_RUN = 24  # beyond this, the penalty stops growing (it is far past any logit margin by then)
+
+
+def copy_penalties(said: Sequence[int], earlier: Sequence[Sequence[int]]) -> dict[int, float]:
+    """For each token that would extend a run of `said`'s last tokens found in an earlier reply by one,
+    the penalty to subtract from its logit (the longest run's). Empty while nothing is being copied."""
+    if len(said) < ALLOWED_RUN:
+        return {}
+    last = said[-1]
+    penalties: dict[int, float] = {}
+    for reply in earlier:
+        for at in range(1, len(reply)):
+            if reply[at - 1] != last:
+                continue
+            run = 1
+            while run < min(at, len(said), LONGEST_RUN) and reply[at - 1 - run] == said[-1 - run]:
+                run += 1
+            if run >= ALLOWED_RUN:
+                penalty = MULTIPLIER * BASE ** (run - ALLOWED_RUN)
+                token = reply[at]
+                if penalty > penalties.get(token, 0.0):
+                    penalties[token] = penalty
+    return penalties
+
+
+def penalise_copies(scores: np.ndarray, said: Sequence[int], earlier: Sequence[Sequence[int]]) -> None:
+    """Lower, in place, the logits of the tokens that would go on copying an earlier reply."""
+    for token, penalty in copy_penalties(said, earlier).items():
+        if 0 <= token < scores.shape[0]:
+            scores[token] -= penalty
