@@ -175,8 +175,7 @@ class ChatTokenizer:
         words = "Hello there."
         said = [{"role": "system", "content": "x"}, {"role": "assistant", "content": words}]
         ids = self.prompt_ids([*said, {"role": "user", "content": words}], reply=False)
-        with self.lock:
-            own = _input_ids(self.tokenizer.encode(words, add_special_tokens=False))
+        own = self.encode(words)
         at = [i for i in range(len(ids) - len(own) + 1) if ids[i : i + len(own)] == own]
         if len(at) != 2:
             return []

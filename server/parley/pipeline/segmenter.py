@@ -22,12 +22,12 @@ _BOUNDARY = re.compile(r"(?P<sentence>[.!?…]+[\"')\]]*\s)|[,;:—–]\s")
 _MARKUP = re.compile(r"[*_`#>|]+|\[(.*?)\]\(.*?\)")
 _SPACES = re.compile(r"\s+")
 
-FIRST_PIECE_MIN_WORDS = 3
 # A clause of two words is a phrase of its own ("I'm sorry,", "Of course,"): the model writes on while it
 # is said. At three, such a reply waited for the next phrase opener, 6-8 more tokens (0.3 s at 50 ms a
 # token on a 2-core Xeon).
 FIRST_CLAUSE_MIN_WORDS = 2
 FIRST_PIECE_PHRASE_WORDS = 4  # words before a phrase break may end the first piece
+HURRY_OPENER_WORDS = 3  # words before a phrase opener where a hurried later piece may be cut
 PHRASE_OPENERS = frozenset((
     "is", "are", "was", "were", "will", "can", "in", "on", "at", "for", "with", "by", "from", "and", "but",
     "or", "because", "which", "that", "who", "when", "where",
@@ -110,7 +110,7 @@ class ReplySegmenter:
         words = list(_WORD.finditer(self._buffer))
         if len(words) < HURRY_WORDS:
             return None
-        openers = [w.start() for w in words[FIRST_PIECE_MIN_WORDS:] if w.group().lower() in PHRASE_OPENERS]
+        openers = [w.start() for w in words[HURRY_OPENER_WORDS:] if w.group().lower() in PHRASE_OPENERS]
         return openers[-1] if openers else words[-1].end()
 
     def _phrase_break(self) -> int | None:
