@@ -315,6 +315,40 @@ def test_a_llama_cpp_built_with_amx_kernels_loads_the_model_without_them() -> No
     assert not _has_amx_kernels(Built(b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 | "))
 
 
+def test_replies_on_scattered_sequences_are_decoded_in_sequence_order_and_gaps_leave_nothing() -> None:
+    # llama.cpp decodes a run of sequence ids rising by one in a single pass over the weights and starts a
+    # new pass at every break: the calls' rows go in sequence order, and a sequence missing between two
+    # gets a throwaway token that is dropped after the step.
+    from parley.engines.llamacpp_model import LlamaCppModel
+
+    gguf, _ = llm_gguf(Settings().resolved_cache_dir(), "qwen2.5-0.5b")
+    model = LlamaCppModel(gguf, sequences=6, threads=1)
+    lc = model.lc
+    try:
+        prompts = {seq: [9707 + seq, 11, 1879, 374] for seq in range(6)}
+        for seq, prompt in prompts.items():
+            assert model.decode([(t, i, seq, False) for i, t in enumerate(prompt)]) == 0
+        alone = {}
+        for seq in (4, 1, 3):
+            assert model.decode([(13, 4, seq, True)]) == 0
+            alone[seq] = model.logits(0).copy()
+            model.drop(seq, 4)
+
+        assert model.decode([(13, 4, 4, True), (13, 4, 1, True), (13, 4, 3, True)]) == 0
+
+        batch = model.batch
+        assert [batch.seq_id[i][0] for i in range(batch.n_tokens)] == [1, 2, 3, 4]
+        for index, seq in enumerate((4, 1, 3)):
+            together = model.logits(index)
+            assert int(together.argmax()) == int(alone[seq].argmax())
+            assert abs(together - alone[seq]).max() < 0.05 * abs(alone[seq]).max()
+        # The filler's cell is gone: sequence 2 holds its prompt only; the others took their token.
+        assert lc.llama_memory_seq_pos_max(model.memory, 2) == 3
+        assert [lc.llama_memory_seq_pos_max(model.memory, s) for s in (1, 3, 4)] == [4, 4, 4]
+    finally:
+        model.close()
+
+
 def test_a_reply_does_not_copy_the_earlier_replies_of_its_conversation(llm: LlamaCppLlm) -> None:
     # Two misheard questions answered alike; greedily, Qwen2.5-0.5B then said that reply word for word to
     # every later question (over SIP, 2026-12-02). Now it writes a reply of its own (engines/repeats.py),
