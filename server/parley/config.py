@@ -220,7 +220,7 @@ class Settings:
     llm_threads: int = field(
         default=0,
         metadata=_opt(
-            "threads of the llama.cpp LLM (0: by load, see engines/llm_llamacpp.py)",
+            "threads of the llama.cpp LLM (0: every core, one while Whisper or Piper computes)",
             "engines",
         ),
     )

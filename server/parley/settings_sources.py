@@ -207,7 +207,7 @@ def validate(settings: Settings) -> None:
     if settings.max_calls < 1:
         raise SettingsError("max_calls must be at least 1")
     if settings.llm_threads < 0:
-        raise SettingsError("llm_threads must be 0 (chosen by load) or more")
+        raise SettingsError("llm_threads must be 0 (every core, one while Whisper or Piper computes) or more")
     if (
         settings.database
         and settings.database != "off"

@@ -12,7 +12,6 @@ import pytest
 
 from parley import metrics
 from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
-from parley.engines import llm_llamacpp as llamacpp
 from parley.engines.cache import CacheError, llm_gguf, verify_folder
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads
@@ -226,19 +225,8 @@ def test_a_caller_waiting_while_it_decides_whether_to_stop_holds_its_reply_at_on
     assert looks_english("".join(said)), said
 
 
-def test_it_decodes_on_every_core_for_one_conversation_and_on_one_while_several_talk(
-    llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    "".join(llm.stream(HELLO, never))
-    "".join(llm.stream(BOOK, never))  # another conversation, seconds after the first
-    assert llm._threads_now == 1
-    monkeypatch.setattr(llamacpp, "IN_FLIGHT_S", 0.0)  # the earlier conversations have gone quiet
-    "".join(llm.stream(HELLO, never))
-    assert llm._threads_now == cpu_threads()
-
-
 @pytest.mark.skipif(cpu_threads() < 2, reason="one core: every step runs on it")
-def test_prompts_are_read_on_every_core_even_while_several_talk_and_it_steps_aside_for_other_engines(
+def test_it_decodes_on_every_core_and_steps_aside_to_one_while_another_engine_computes(
     llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     chosen: list[int] = []
@@ -249,17 +237,16 @@ def test_prompts_are_read_on_every_core_even_while_several_talk_and_it_steps_asi
         set_threads(threads)
 
     monkeypatch.setattr(llm._model, "set_threads", recording)
-    "".join(llm.stream(HELLO, never))
-    "".join(llm.stream(BOOK, never))  # two conversations in flight: their tokens come on one thread
-    chosen.clear()
-    "".join(llm.stream(ROME, never))  # a third: its prompt on every core, its tokens on one thread
-    assert chosen == [cpu_threads(), 1]
-    assert llm._threads_now == 1
+    replies = replies_asked_together(llm, [HELLO, BOOK, ROME])  # several conversations, one batch
+    assert all(looks_english(reply) for reply in replies), replies
+    assert 1 not in chosen and llm._threads_now == cpu_threads()
 
     chosen.clear()
-    with COMPUTE.running():  # Whisper or Piper is computing: even a prompt takes one thread
+    with COMPUTE.running():  # Whisper or Piper is computing: every step takes one thread
         "".join(llm.stream([*ROME, {"role": "user", "content": "And of Athens?"}], never))
-    assert chosen == [] and llm._threads_now == 1
+    assert chosen == [1] and llm._threads_now == 1
+    "".join(llm.stream(HELLO, never))
+    assert chosen == [1, cpu_threads()]
 
 
 def test_a_prompt_longer_than_a_conversation_can_hold_is_refused(llm: LlamaCppLlm) -> None:

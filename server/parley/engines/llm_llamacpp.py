@@ -67,9 +67,6 @@ COPY_MIN_TOKENS = 32  # a shared start worth copying from another sequence rathe
 # A reply whose caller has not taken this many of its tokens sits the next step out: a caller who reads
 # on keeps far ahead of it (a step is ~40 ms), one who waits pauses its reply within a token or two.
 HOLD_AHEAD = 2
-# A conversation whose reply ended this recently is still in flight: its caller is answering, and its
-# Whisper and TTS share the cores (a turn is asked every few seconds).
-IN_FLIGHT_S = 10.0
 PENALTY_WINDOW = 64  # the reply's last tokens that the repetition penalty looks at
 
 
@@ -112,7 +109,7 @@ class LlamaCppLlm(LocalLlm):
         self.temperature = temperature
         self._chat = ChatTokenizer(tokenizer_dir)
         self._next_turn_opening = self._chat.next_turn_opening()
-        # 0: every core while one conversation is in flight, one thread while several are (see _threads)
+        # 0: every core, or one while Whisper or Piper computes (see _threads)
         self._fixed_threads = threads
         self._threads_now = threads or cpu_threads()
         self._model = LlamaCppModel(gguf, sequences=max(1, sequences), threads=self._threads_now)
@@ -331,7 +328,7 @@ class LlamaCppLlm(LocalLlm):
             fed.append((request, chunk, len(entries) - 1 if last else None))
         if not entries:
             return
-        self._threads(reading=any(request.unread for request, _, _ in fed))
+        self._threads()
         rc = self._model.decode(entries)
         if rc != 0:
             self._fail(ready, LlmError(f"llama.cpp could not decode (code {rc})"))
@@ -346,27 +343,23 @@ class LlamaCppLlm(LocalLlm):
             if output is not None:
                 self._emit(request, self._model.logits(output))
 
-    def _threads(self, reading: bool) -> None:
-        """Every core for a lone conversation or a step that reads prompts, while no other engine
-        computes; one thread otherwise.
+    def _threads(self) -> None:
+        """Every core, unless another engine is computing: then one thread.
 
-        llama.cpp's threads meet at a spinning barrier after every operation: when anything else takes a
-        core from one of them (another engine, engines/compute_load.py; or the calls' media), the other
-        spins out its time slice. Alone, two threads decode a token in 42 ms against 63 and read 20
-        tokens in 0.29 s against 0.55. A step of one token per reply is short and all barriers, so
-        while several conversations are in flight it takes one thread (with three callers asking every
-        8-12 s, `bench capacity --full --levels 3`: one thread p50 5.5 / p95 8.4 s, two 7.1 / 10.1 s);
-        reading a prompt is long matrix work that two threads finish in half the time, so it takes
-        every core whenever Whisper and Piper leave them free (six callers asking at the same instant,
-        `bench calls --callers 6 --transport sip`: p50 3.52-3.86 s against 4.60-4.84 s).
+        llama.cpp's threads meet at a spinning barrier after every operation: when Whisper or Piper takes
+        a core from one of them (engines/compute_load.py), the other spins out its time slice. Otherwise
+        two threads finish a step in about half the time (a token alone: 35 against 65 ms; six replies'
+        tokens: 82 against 147 ms), even while several calls' media run beside them. Until the rows of a
+        step went in sequence order (llamacpp_model.py), a step of several replies was often several
+        passes over the weights, all barriers, and one thread did better while several conversations
+        were in flight; measured again after that change (2-core Xeon, alternating runs): six SIP callers
+        asking at once p50 3.15, 2.62, 2.78, 2.95 s against 3.91, 3.17, 3.53, 3.10 s on one thread, three
+        callers asking every 8-12 s p50 1.18 / p95 2.26 and 1.18 / 2.08 s against 1.37 / 2.46 and
+        1.28 / 2.51 s.
         """
         if self._fixed_threads:
             return
-        now = time.monotonic()
-        conversations = {r.sequence.seq_id for r in self._active if r.sequence is not None}
-        conversations |= {s.seq_id for s in self._sequences if now - s.used_at < IN_FLIGHT_S}
-        wanted = cpu_threads() if reading or len(conversations) <= 1 else 1
-        threads = 1 if COMPUTE.busy() else wanted
+        threads = 1 if COMPUTE.busy() else cpu_threads()
         if threads != self._threads_now:
             self._model.set_threads(threads)
             self._threads_now = threads
