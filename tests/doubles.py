@@ -220,3 +220,17 @@ class CountingTts(ToneTts):
     def synthesize(self, text: str) -> Iterator[np.ndarray]:
         self.said.append(text)
         yield from super().synthesize(text)
+
+
+class FixedTurnEnd:
+    """An end-of-turn model that always gives the same probability."""
+
+    device = "cpu"
+
+    def __init__(self, probability: float) -> None:
+        self.probability = probability
+        self.asked = 0
+
+    def complete(self, audios: list[np.ndarray]) -> list[float]:
+        self.asked += len(audios)
+        return [self.probability] * len(audios)

@@ -42,13 +42,14 @@ from parley.pipeline.messages import (
     Response,
     Tag,
     Transcript,
+    TurnEndQuery,
     Utterance,
 )
 from parley.pipeline.queues import StageQueue
 from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.replying import LlmStage
 from parley.pipeline.speculation import SpeculativeReplies
-from parley.pipeline.stages import BackchannelStage, StageRunner, SttStage, TtsStage
+from parley.pipeline.stages import BackchannelStage, StageRunner, SttStage, TtsStage, TurnEndStage
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import TurnTaker
 from parley.pipeline.vad_stage import VadInbox, VadStage
@@ -116,6 +117,10 @@ class Call:
 
         self.vad_in = VadInbox(engines.vad.chunk_samples, maxsize=INBOUND_QUEUE_FRAMES)
         self.backchannel_in: StageQueue[BackchannelQuery] = StageQueue("backchannel")
+        # Asked at each pause when the process has an end-of-turn model (engines/turn_end.py).
+        self.turn_end_in: StageQueue[TurnEndQuery] | None = (
+            StageQueue("turn_end") if engines.turn_end is not None else None
+        )
         self.stt_in: StageQueue[Utterance | EarlyUtterance] = StageQueue("stt")
         self.llm_in: StageQueue[Transcript] = StageQueue("llm")
         self.tts_in: StageQueue[ReplyText] = StageQueue("tts")
@@ -142,6 +147,12 @@ class Call:
             LlmStage(self, self.llm_in, engines.llm, self.tts_in),
             TtsStage(self, self.tts_in, engines.tts, self.outbound),
         ]
+        if engines.turn_end is not None and self.turn_end_in is not None:
+            self._threads.append(
+                TurnEndStage(
+                    self, self.turn_end_in, engines.turn_end, settings.turn_complete_threshold, self.vad_in
+                )
+            )
 
     # lifecycle
 
@@ -214,8 +225,9 @@ class Call:
             self._ended.set()
             self.end_reason = reason
         self.scope.cancel()
-        for q in (self.vad_in, self.backchannel_in, self.stt_in, self.llm_in, self.tts_in):
-            q.close()
+        for q in (self.vad_in, self.backchannel_in, self.turn_end_in, self.stt_in, self.llm_in, self.tts_in):
+            if q is not None:
+                q.close()
         self.outbound.flush()
         self.outbound.push(EndOfCall(reason))
         self._set_state("ended")

@@ -23,6 +23,7 @@ from parley.pipeline.messages import (
     Response,
     Tag,
     Transcript,
+    TurnEndQuery,
     Utterance,
 )
 
@@ -115,6 +116,10 @@ class TurnDecisions:
             call.speculation.start(draft)
             call.make_active(draft)
         call.stt_in.put(EarlyUtterance(turn_id, revision, audio, speech_end, heard, draft))
+
+    def judge_turn_end(self, speech_end: float, audio: np.ndarray) -> None:
+        if self.call.turn_end_in is not None:
+            self.call.turn_end_in.put(TurnEndQuery(speech_end, audio))
 
     def speech_resumed(self, turn_id: str, revision: int) -> None:
         """The caller went on after a pause: the reply started at that pause is cancelled unheard."""

@@ -305,6 +305,25 @@ class Settings:
             "after a turn ends, its reply is held this long: speech within it reopens the turn", "turns"
         ),
     )
+    turn_model: str = field(
+        default="auto",
+        metadata=_opt(
+            "end-of-turn model asked at a pause: 'smart-turn' (packaged), 'none' (silence alone), a Smart "
+            "Turn v3 ONNX file, or 'auto' (Smart Turn on a GPU, where replies are ready before the grace)",
+            "turns",
+        ),
+    )
+    turn_complete_threshold: float = field(
+        default=0.9,
+        metadata=_opt("the end-of-turn model's probability above which a turn counts as complete", "turns"),
+    )
+    turn_complete_ms: int = field(
+        default=150,
+        metadata=_opt(
+            "silence that ends a turn the end-of-turn model calls complete; its reply is not held after",
+            "turns",
+        ),
+    )
     reopen_unheard_ms: int = field(
         default=3000,
         metadata=_opt(

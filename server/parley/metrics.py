@@ -67,6 +67,13 @@ COMMITS_TOTAL = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+TURN_END_VERDICTS_TOTAL = Counter(
+    "parley_turn_end_verdicts_total",
+    "The end-of-turn model's verdicts at a turn's first pause: complete (the turn ends early, its reply "
+    "unheld) or incomplete (silence decides)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 SPECULATIVE_REPLIES_TOTAL = Counter(
     "parley_speculative_replies_total",
     "Replies started at a turn's first pause: used (the turn ended there) or wasted (the caller went on)",

@@ -13,6 +13,7 @@ import pytest
 
 from parley.config import Settings
 from parley.engines import device, prepare_models
+from parley.engines.vad import packaged_silero_path
 
 
 def test_default_engines_load_without_torch_and_close_their_threads() -> None:
@@ -88,3 +89,25 @@ def test_ctranslate2_runs_its_avx512_kernels_only_where_the_cpu_has_them(
     monkeypatch.setenv("CT2_FORCE_CPU_ISA", "AVX2")  # the user's own choice stands
     assert not device.prefer_avx512_for_ctranslate2(with_avx512)
     assert os.environ["CT2_FORCE_CPU_ISA"] == "AVX2"
+
+
+def test_the_end_of_turn_model_is_chosen_by_setting_and_device(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from parley.engines import turn_end
+
+    monkeypatch.setattr(turn_end, "resolve_device", lambda setting: "cpu")
+    assert turn_end.turn_model_path(Settings()) is None  # auto: not on a CPU, where replies are slower
+    assert turn_end.turn_model_path(Settings(turn_model="none")) is None
+    packaged = turn_end.load_turn_end(Settings(turn_model="smart-turn"))  # checked against its digest
+    assert packaged.model_path.name == "smart-turn-v3.2-cpu.onnx"
+    monkeypatch.setattr(turn_end, "resolve_device", lambda setting: "cuda")
+    assert turn_end.turn_model_path(Settings()) == packaged.model_path
+    with pytest.raises(FileNotFoundError):
+        turn_end.load_turn_end(Settings(turn_model=str(tmp_path / "missing.onnx")))
+    with pytest.raises(ValueError, match="not a Smart Turn v3 model"):
+        turn_end.load_turn_end(Settings(turn_model=str(packaged_silero_path())))  # an ONNX model, of a VAD
+    with caplog.at_level(logging.INFO, logger="parley.engines"):
+        prepare_models(Settings(turn_model="smart-turn"))
+    ready = [getattr(r, "engine", None) for r in caplog.records if r.getMessage() == "model_ready"]
+    assert ready[-1] == "turn_end"

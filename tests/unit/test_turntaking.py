@@ -24,6 +24,7 @@ class Control:
         self.ended: list[tuple[str, int, int]] = []
         self.checks: list[tuple[int, int]] = []  # (request, audio samples) asked of the backchannel check
         self.ahead: list[Transcription] = []
+        self.judged: list[tuple[float, int]] = []  # (pause, audio samples) asked of the end-of-turn model
         self.turns = 0
 
     def agent_active(self) -> bool:
@@ -72,6 +73,9 @@ class Control:
     def check_backchannel(self, request: int, audio: np.ndarray, speech_ms: float) -> None:
         self.log.append("check")
         self.checks.append((request, audio.size))
+
+    def judge_turn_end(self, speech_end: float, audio: np.ndarray) -> None:
+        self.judged.append((speech_end, audio.size))
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from parley.bench import percentiles, progress
 from parley.bench.common import QUESTIONS, add_transport_arguments, caller_for, service_for, word_overlap
 from parley.bench.cpu import cpu_seconds, rss_mb
 from parley.bench.service import Service, speculation_counts
-from parley.bench.speech import espeak, trim
+from parley.bench.speech import espeak, piper, trim
 
 NAME = "response"
 HELP = "end of the caller's speech -> first reply audio at the caller"
@@ -36,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="an earlier run's results to draw beside this one (repeatable)",
     )
+    parser.add_argument(
+        "--voice",
+        choices=("espeak", "piper"),
+        default="espeak",
+        help="the caller's voice: espeak-ng (default) or Piper's packaged voice, whose intonation is nearer "
+        "a person's (what an end-of-turn model hears)",
+    )
     add_transport_arguments(parser)
 
 
@@ -43,7 +50,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with service_for(args) as (url, service):
         pid = service.process.pid if service and service.process else None
         results = await measure(args, url, service, args.trials, pid)
-    results["label"] = args.label or " ".join([args.transport, *args.server_arg]).strip()
+    voice = ["piper voice"] if args.voice == "piper" else []
+    results["label"] = args.label or " ".join([args.transport, *voice, *args.server_arg]).strip()
     plot = _plot(args, results)
     if plot is not None:
         results["summary"]["plot"] = str(plot)
@@ -67,7 +75,8 @@ async def measure(
     args: argparse.Namespace, url: str, service: Service | None, trials: int, server_pid: int | None = None
 ) -> dict[str, Any]:
     # Trimmed: the clock starts when the speech ends, not after the silence espeak-ng appends.
-    clips = [trim(espeak(QUESTIONS[i % len(QUESTIONS)])) for i in range(trials)]
+    speak = piper if getattr(args, "voice", "espeak") == "piper" else espeak
+    clips = [trim(speak(QUESTIONS[i % len(QUESTIONS)])) for i in range(trials)]
     rows: list[dict[str, Any]] = []
     idle_rss = rss_mb(server_pid) if server_pid else None
     async with caller_for(args, url, service) as caller:

@@ -1,4 +1,4 @@
-"""Scripted caller speech: espeak-ng phrases and synthetic noises, as 16 kHz mono int16."""
+"""Scripted caller speech: espeak-ng or Piper phrases and synthetic noises, as 16 kHz mono int16."""
 
 from __future__ import annotations
 
@@ -6,11 +6,15 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import soundfile
 
 from parley.audio import PIPELINE_RATE, resample, trim_silence
+
+if TYPE_CHECKING:
+    from parley.engines.tts import PiperTts
 
 
 class SpeechToolMissing(RuntimeError):
@@ -33,6 +37,20 @@ def espeak(text: str, *, voice: str = "en-us", words_per_minute: int = 150) -> n
     if data.ndim > 1:
         data = data[:, 0]
     return resample(np.asarray(data, dtype=np.int16), int(rate), PIPELINE_RATE)
+
+
+def piper(text: str, *, voice: str = "joe") -> np.ndarray:
+    """Speak `text` with a Piper voice (the packaged one by default): more of a person's intonation than
+    espeak-ng's, which an end-of-turn model listens to. Piper draws its prosody at random: a phrase is
+    not spoken the same way twice."""
+    from parley.engines.tts import PiperTts
+
+    tts = _piper_voices.get(voice) or _piper_voices.setdefault(voice, PiperTts(voice))
+    audio = np.concatenate(list(tts.synthesize(text)))
+    return resample(audio, tts.sample_rate, PIPELINE_RATE)
+
+
+_piper_voices: dict[str, PiperTts] = {}
 
 
 def write_wav(path: str | Path, pcm: np.ndarray, rate: int = PIPELINE_RATE) -> None:

@@ -20,6 +20,7 @@ from parley.engines.device import resolve_device
 from parley.engines.llm import LlmEngine, llm_runtime, load_llm
 from parley.engines.stt import SttEngine, load_stt
 from parley.engines.tts import TtsEngine, load_tts, voice_files
+from parley.engines.turn_end import SmartTurn, load_turn_end, turn_model_path
 from parley.engines.vad import VadEngine, load_vad, packaged_silero_path
 from parley.engines.vad_batching import VadWorker
 from parley.log import event
@@ -37,6 +38,7 @@ class Engines:
     stt: SttEngine
     llm: LlmEngine
     tts: TtsEngine
+    turn_end: SmartTurn | None = None  # has the caller finished? (None: silence alone decides)
     vad_worker: VadWorker = field(init=False)  # runs every call's VAD stage, batching the VAD model
 
     def __post_init__(self) -> None:
@@ -76,6 +78,7 @@ def load_engines(settings: Settings) -> Engines:
         llm = _timed("llm", settings, load_llm)
         loaded.append(llm)
         tts = _timed("tts", settings, load_tts)
+        turn_end = _timed("turn_end", settings, load_turn_end) if turn_model_path(settings) else None
     except BaseException:
         for engine in loaded:
             close = getattr(engine, "close", None)
@@ -83,7 +86,7 @@ def load_engines(settings: Settings) -> Engines:
                 close()
         raise
     event(log, "engines_loaded", seconds=round(time.perf_counter() - started, 2))
-    return Engines(vad=vad, stt=stt, llm=llm, tts=tts)
+    return Engines(vad=vad, stt=stt, llm=llm, tts=tts, turn_end=turn_end)
 
 
 def prepare_models(settings: Settings) -> None:
@@ -112,6 +115,8 @@ def prepare_models(settings: Settings) -> None:
     else:
         step("llm", lambda: llm_ct2_dir(cache_dir, settings.llm_model, full=True))
     step("tts", lambda: voice_files(settings.tts_voice)[0])
+    if turn_model_path(settings) is not None:
+        step("turn_end", lambda: load_turn_end(settings).model_path)
 
 
 def _prepare_stt(settings: Settings, cache_dir: Path) -> object:

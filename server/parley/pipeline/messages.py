@@ -106,6 +106,23 @@ class BargeVerdict:
 
 
 @dataclass(frozen=True)
+class TurnEndQuery:
+    """The turn so far, at its first pause: has the caller finished (engines/turn_end.py)?"""
+
+    speech_end: float  # the pause it is asked at: when its last speech chunk arrived
+    audio: np.ndarray  # int16, 16 kHz, the turn so far
+
+
+@dataclass(frozen=True)
+class TurnEndVerdict:
+    """The answer to a TurnEndQuery, back in the VAD queue so turn decisions stay in order."""
+
+    speech_end: float
+    complete: bool
+    probability: float
+
+
+@dataclass(frozen=True)
 class Utterance:
     response: Response
     audio: np.ndarray  # int16, 16 kHz

@@ -23,6 +23,7 @@ from parley.audio import PIPELINE_RATE, StreamResampler
 from parley.config import Settings
 from parley.engines.stt import SttCancelled, SttEngine, Transcription
 from parley.engines.tts import TtsEngine
+from parley.engines.turn_end import SmartTurn
 from parley.log import event
 from parley.outbound import Outbound
 from parley.pipeline.backchannels import BackchannelJudge
@@ -37,6 +38,8 @@ from parley.pipeline.messages import (
     Response,
     Tag,
     Transcript,
+    TurnEndQuery,
+    TurnEndVerdict,
     Utterance,
 )
 from parley.pipeline.queues import QueueClosed, StageQueue
@@ -284,6 +287,36 @@ class BackchannelStage(Stage[BackchannelQuery]):
     def recover(self, item: BackchannelQuery) -> None:
         # The agent is paused waiting for this: a failed check lets the caller have the turn.
         self.verdicts.put(BargeVerdict(item.request, False, "failed", None))
+
+
+class TurnEndStage(Stage[TurnEndQuery]):
+    """Asks the end-of-turn model whether the caller has finished, off the VAD thread; the verdict goes
+    back into the VAD queue."""
+
+    stage_name = "turn_end"
+    engine_name = "turn_end"
+
+    def __init__(
+        self,
+        ctx: StageContext,
+        inbox: StageQueue[TurnEndQuery],
+        model: SmartTurn,
+        threshold: float,
+        verdicts: StageQueue[VadItem],
+    ):
+        super().__init__(ctx, inbox)
+        self.model = model
+        self.threshold = threshold
+        self.verdicts = verdicts
+
+    def handle(self, item: TurnEndQuery) -> None:
+        if self.inbox.any(lambda _: True):
+            return  # the caller spoke and paused again: only the newest pause can still end the turn
+        (probability,) = self.model.complete([item.audio])
+        complete = probability >= self.threshold
+        metrics.TURN_END_VERDICTS_TOTAL.labels(outcome="complete" if complete else "incomplete").inc()
+        log.debug("turn_end_verdict", extra={"call_id": self.ctx.call_id, "probability": probability})
+        self.verdicts.put(TurnEndVerdict(item.speech_end, complete, probability))
 
 
 class TtsStage(Stage[ReplyText]):

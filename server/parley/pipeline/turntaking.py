@@ -5,7 +5,9 @@ Runs on the call's VAD thread, one VAD chunk (32 ms) at a time. It decides; the 
 
 - speech while nothing is pending starts a turn once it lasted `min_speech_ms` (shorter is a blip);
 - `end_of_turn_ms` of silence closes the turn speculatively: the reply is computed at once, and a
-  reopen grace window opens (the reply is held back until it passes);
+  reopen grace window opens (the reply is held back until it passes); with an end-of-turn model
+  (engines/turn_end.py, asked at the turn's first pause), a turn it calls complete closes after
+  `turn_complete_ms` instead, with no grace;
 - speech inside the grace window, or after it while the caller has heard nothing of the reply
   (pipeline/reopening.py), is a reopen candidate: `min_speech_ms` of it confirms (the new audio joins
   the old utterance as the next revision); less is a blip and the reply goes on untouched;
@@ -34,7 +36,7 @@ from parley import metrics
 from parley.audio import PIPELINE_RATE
 from parley.config import Settings
 from parley.engines.stt import Transcription
-from parley.pipeline.messages import BargeVerdict
+from parley.pipeline.messages import BargeVerdict, TurnEndVerdict
 from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.turns import SpeculativeTurnTracker
 
@@ -61,6 +63,11 @@ class TurnControl(Protocol):
     ) -> None: ...
     def speech_resumed(self, turn_id: str, revision: int) -> None:
         """Speech came back after `speech_paused`, before the turn ended: what the pause started is moot."""
+        ...
+
+    def judge_turn_end(self, speech_end: float, audio: np.ndarray) -> None:
+        """Ask whether the turn is over at this pause, off the VAD thread (when the call has an end-of-turn
+        model); answer with `TurnTaker.turn_end_verdict`."""
         ...
 
     def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None: ...
@@ -141,6 +148,7 @@ class TurnTaker:
         self._early_sent_for = 0.0
         self._paused = False  # speech_paused was said for the current pause, speech_resumed not yet
         self._early_after_ms = float(settings.early_stt_ms)
+        self._complete_at = 0.0  # the pause (its last speech chunk) the end-of-turn model called final
         self._checks: list[_Check] = []  # this barge-in candidate's backchannel checks, oldest first
         self._requests = itertools.count(1)
 
@@ -187,6 +195,24 @@ class TurnTaker:
         check.backchannel = True
         check.heard = verdict.heard
         self._resume_if_settled()
+
+    def turn_end_verdict(self, verdict: TurnEndVerdict) -> None:
+        """The end-of-turn model's answer for a pause (VAD thread, in order with the audio): a turn it
+        calls complete ends after `turn_complete_ms` of silence, at once if that much has passed."""
+        seg = self._segment
+        if self.mode is not Mode.SPEAKING or verdict.speech_end != seg.last_speech_at:
+            return  # the caller spoke again since, or the turn has ended
+        if verdict.complete:
+            self._complete_at = verdict.speech_end
+            if self._judged_complete():
+                self._close_turn(seg.last_speech_at)
+
+    def _judged_complete(self) -> bool:
+        seg = self._segment
+        return (
+            self._complete_at == seg.last_speech_at != 0.0
+            and seg.silence_ms >= self.settings.turn_complete_ms
+        )
 
     def poll(self, now: float) -> None:
         """No audio came for a while (VAD thread; a peer that sends nothing in silence): the gap counts
@@ -260,7 +286,7 @@ class TurnTaker:
             # Capped: closed for good. Were it reopenable, speech going on would reopen it as a revision
             # holding all of it, transcribed again each time: work that grows without end.
             self._close_turn(seg.last_speech_at, reopenable=False)
-        elif seg.silence_ms >= self.settings.end_of_turn_ms:
+        elif seg.silence_ms >= self.settings.end_of_turn_ms or self._judged_complete():
             self._close_turn(seg.last_speech_at)
         elif self._paused and self._early_sent_for != seg.last_speech_at and self._turn is not None:
             self._paused = False
@@ -277,9 +303,9 @@ class TurnTaker:
             self._early_sent_for = seg.last_speech_at
             self._paused = True
             turn_id, revision = self._turn
-            self.control.speech_paused(
-                turn_id, revision, np.concatenate(self._turn_audio), seg.last_speech_at
-            )
+            audio = np.concatenate(self._turn_audio)
+            self.control.speech_paused(turn_id, revision, audio, seg.last_speech_at)
+            self.control.judge_turn_end(seg.last_speech_at, audio)
 
     def _decide_reopen(self) -> None:
         seg = self._segment
@@ -373,6 +399,7 @@ class TurnTaker:
         self._early_sent_for = 0.0
         self._paused = False
         self._early_after_ms = float(self.settings.early_stt_ms)
+        self._complete_at = 0.0
         self._segment.audio = []
         self.mode = Mode.SPEAKING
         if revision == 0:
@@ -387,7 +414,9 @@ class TurnTaker:
         audio = np.concatenate(self._turn_audio) if self._turn_audio else np.zeros(0, dtype=np.int16)
         # The grace first: once the turn has ended, a reply started ahead of it (pipeline/speculation.py)
         # may play the moment the Outbound's gate is asked, and the gate must already see the grace.
-        if reopenable:
+        # A turn the end-of-turn model called complete is not held: a caller who goes on anyway still
+        # reopens it while nothing of its reply has been heard (pipeline/reopening.py).
+        if reopenable and not self._judged_complete():
             self.tracker.start_reopen_grace(turn_id, revision, self.settings.reopen_grace_ms / 1000)
         self.control.turn_ended(turn_id, revision, audio, speech_end)
         self._closed = _ClosedTurn(turn_id, revision, audio, self._now) if reopenable else None

@@ -1,5 +1,5 @@
-"""A call's VAD stage: speech probabilities per 32 ms chunk for its turn-taker, and keypad entries and
-backchannel verdicts in order with them.
+"""A call's VAD stage: speech probabilities per 32 ms chunk for its turn-taker, and keypad entries,
+backchannel and end-of-turn verdicts in order with them.
 
 It has no thread of its own: the process's VAD worker (engines/vad_batching.py) runs every call's VAD
 stage as a lane, batching the model across calls. To its call it still looks like a stage thread
@@ -21,13 +21,13 @@ from parley.audio import FrameSplitter
 from parley.engines.vad_batching import LaneEnded, VadWorker
 from parley.log import CALL_ID
 from parley.pipeline.keypad import KeypadEntry
-from parley.pipeline.messages import BargeVerdict, InboundFrame, KeypadDigit
+from parley.pipeline.messages import BargeVerdict, InboundFrame, KeypadDigit, TurnEndVerdict
 from parley.pipeline.queues import QueueClosed, StageQueue
 from parley.pipeline.turntaking import TurnTaker
 
 log = logging.getLogger(__name__)
 
-VadItem = InboundFrame | KeypadDigit | BargeVerdict
+VadItem = InboundFrame | KeypadDigit | BargeVerdict | TurnEndVerdict
 
 
 class VadInbox(StageQueue[VadItem]):
@@ -150,6 +150,8 @@ class VadStage:
             self._keys(self.keypad.push(item.digit, item.arrived_at))
         elif isinstance(item, BargeVerdict):
             self.turns.verdict(item)
+        elif isinstance(item, TurnEndVerdict):
+            self.turns.turn_end_verdict(item)
         else:
             chunks = self.splitter.push(item.pcm)
             if not chunks:
