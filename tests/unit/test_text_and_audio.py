@@ -72,8 +72,12 @@ def test_first_piece_is_an_early_clause_then_whole_sentences() -> None:
     for word in reply.split(" "):
         pieces += segmenter.push(word + " ")
     pieces += segmenter.flush()
-    assert pieces == ["Sure, the weather in Paris", "is mild today.", "Take a jacket!", "Bye"]
-    # A clause of two words is a piece of its own; "Sure," above (one word) is not.
+    assert pieces == ["Sure,", "the weather in Paris is mild today.", "Take a jacket!", "Bye"]
+    # With no clause boundary, the first piece ends before a phrase opener once four words are in.
+    segmenter = ReplySegmenter()
+    reply = "The capital of France is Paris."
+    pieces = [piece for word in reply.split(" ") for piece in segmenter.push(word + " ")]
+    assert pieces + segmenter.flush() == ["The capital of France", "is Paris."]
     segmenter = ReplySegmenter()
     reply = "I'm sorry, but I do not know the weather there."
     pieces = [piece for word in reply.split(" ") for piece in segmenter.push(word + " ")]
