@@ -315,7 +315,14 @@ class TurnEndStage(Stage[TurnEndQuery]):
         (probability,) = self.model.complete([item.audio])
         complete = probability >= self.threshold
         metrics.TURN_END_VERDICTS_TOTAL.labels(outcome="complete" if complete else "incomplete").inc()
-        log.debug("turn_end_verdict", extra={"call_id": self.ctx.call_id, "probability": probability})
+        event(
+            log,
+            "turn_end_verdict",
+            logging.DEBUG,
+            call_id=self.ctx.call_id,
+            complete=complete,
+            probability=round(probability, 3),
+        )
         self.verdicts.put(TurnEndVerdict(item.speech_end, complete, probability))
 
 
