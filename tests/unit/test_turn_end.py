@@ -130,14 +130,22 @@ def spoken(voice: PiperTts, text: str) -> np.ndarray:
     return np.concatenate([audio, quiet(100)])  # as asked: at the first silent chunk
 
 
+def whole_and_half(model: SmartTurn, voice: PiperTts, text: str) -> tuple[float, float]:
+    """The model's median verdicts, over three syntheses, on `text` and on its first half."""
+    wholes, halves = [], []
+    for _ in range(3):
+        whole = spoken(voice, text)
+        complete, cut = model.complete([whole, np.concatenate([whole[: whole.size // 2], quiet(100)])])
+        wholes.append(complete)
+        halves.append(cut)
+    return float(np.median(wholes)), float(np.median(halves))
+
+
 def test_smart_turn_hears_a_finished_sentence_from_one_cut_in_the_middle(voice: PiperTts) -> None:
-    # Piper's prosody is drawn at random for each synthesis: the margins here held over ten of each.
+    # Piper draws its prosody at random for each synthesis: over ten of each, single verdicts ranged as
+    # noted; the median of three keeps the test off the edges.
     model = SmartTurn()
-    whole = spoken(voice, "What is the weather like in Paris today?")  # 0.95-0.98
-    half = np.concatenate([whole[: whole.size // 2], quiet(100)])  # "What is the wea-": 0.01-0.04
-    complete, cut = model.complete([whole, half])
-    assert complete >= 0.9 and cut < 0.5, (complete, cut)
-    whole = spoken(voice, "I would like to book a table for two people tonight.")  # 0.63-0.96
-    half = np.concatenate([whole[: whole.size // 2], quiet(100)])  # "... to book a": 0.02-0.37
-    complete, cut = model.complete([whole, half])
-    assert cut < 0.5 < complete, (complete, cut)
+    complete, cut = whole_and_half(model, voice, "What is the weather like in Paris today?")
+    assert complete >= 0.9 and cut < 0.5, (complete, cut)  # 0.95-0.98; "What is the wea-": 0.01-0.04
+    complete, cut = whole_and_half(model, voice, "I would like to book a table for two people tonight.")
+    assert cut < 0.5 < complete, (complete, cut)  # 0.63-0.96; "... to book a": 0.02-0.37
