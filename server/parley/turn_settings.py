@@ -1,0 +1,141 @@
+"""The turn-taking settings: when a turn ends, when it reopens, what speech over the agent cuts it.
+
+A group of their own within `Settings` (config.py), which inherits them; pipeline/turntaking.py and the
+backchannel judge read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from parley.settings_option import opt as _opt
+
+# Said over the agent, these (alone or together: "oh wow", "uh-huh, okay") let it go on talking; spelling
+# variants are folded ("hmmm" is "hmm", "hahaha" is "ha"). See pipeline/backchannels.py.
+DEFAULT_BACKCHANNELS = (
+    # fillers and non-lexical sounds
+    "uh",
+    "um",
+    "er",
+    "erm",
+    "ah",
+    "oh",
+    "ooh",
+    "eh",
+    "hmm",
+    "mm",
+    "mhm",
+    "huh",
+    "ha",
+    # exclamations
+    "wow",
+    "aha",
+    "really",
+    "nice",
+    "cool",
+    "great",
+    "interesting",
+    # acknowledgements
+    "uh huh",
+    "mm hmm",
+    "yeah",
+    "yes",
+    "yep",
+    "yup",
+    "okay",
+    "ok",
+    "alright",
+    "all right",
+    "right",
+    "sure",
+    "exactly",
+    "i see",
+    "got it",
+)
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    vad_threshold: float = field(
+        default=0.5, metadata=_opt("speech probability that counts as speech", "turns")
+    )
+    min_speech_ms: int = field(
+        default=200, metadata=_opt("speech needed for a turn, a reopen or a barge-in to count", "turns")
+    )
+    end_of_turn_ms: int = field(
+        default=250, metadata=_opt("silence that ends a turn (speculatively)", "turns")
+    )
+    early_stt_ms: int = field(
+        default=32,
+        metadata=_opt(
+            "silence after which the turn so far is transcribed ahead of its end (0: off)", "turns"
+        ),
+    )
+    speculative_replies: bool = field(
+        default=True,
+        metadata=_opt(
+            "at that silence, also start the reply (LLM, TTS), held until the turn has ended", "turns"
+        ),
+    )
+    reopen_grace_ms: int = field(
+        default=300,
+        metadata=_opt(
+            "after a turn ends, its reply is held this long: speech within it reopens the turn", "turns"
+        ),
+    )
+    turn_model: str = field(
+        default="auto",
+        metadata=_opt(
+            "end-of-turn model asked at a pause: 'smart-turn' (packaged), 'none' (silence alone), a Smart "
+            "Turn v3 ONNX file, or 'auto' (Smart Turn on a GPU, where replies are ready before the grace)",
+            "turns",
+        ),
+    )
+    turn_complete_threshold: float = field(
+        default=0.9,
+        metadata=_opt("the end-of-turn model's probability above which a turn counts as complete", "turns"),
+    )
+    turn_complete_ms: int = field(
+        default=150,
+        metadata=_opt(
+            "silence that ends a turn the end-of-turn model calls complete; its reply is not held after",
+            "turns",
+        ),
+    )
+    reopen_unheard_ms: int = field(
+        default=3000,
+        metadata=_opt(
+            "after a turn ends, speech within this still reopens it while the caller has heard nothing "
+            "of its reply (0: only within the grace)",
+            "turns",
+        ),
+    )
+    blip_silence_ms: int = field(
+        default=160, metadata=_opt("silence that ends a candidate interruption (a blip)", "turns")
+    )
+    backchannel_max_ms: int = field(
+        default=1000, metadata=_opt("speech longer than this always interrupts the agent", "turns")
+    )
+    backchannels: tuple[str, ...] = field(
+        default=DEFAULT_BACKCHANNELS,
+        metadata=_opt("fillers, exclamations and acknowledgements that never interrupt the agent", "turns"),
+    )
+    backchannel_min_logprob: float = field(
+        default=-1.5,
+        metadata=_opt(
+            "a word or two Whisper is less sure of than this (mean log-probability) is a sound, not words",
+            "turns",
+        ),
+    )
+    backchannel_wait_ms: int = field(
+        default=2000,
+        metadata=_opt("the paused agent waits this long for the backchannel check, then yields", "turns"),
+    )
+    preroll_ms: int = field(default=300, metadata=_opt("audio kept before speech onset", "turns"))
+    keypad_timeout_ms: int = field(
+        default=1200,
+        metadata=_opt("a keypad (DTMF) entry ends this long after its last key, or at '#'", "turns"),
+    )
+    max_turn_s: float = field(
+        default=20.0, metadata=_opt("longest utterance before a forced turn end", "turns")
+    )
