@@ -14,7 +14,7 @@ import pytest
 
 from parley.audio import resample
 from parley.bench.caller import Caller
-from parley.bench.common import word_overlap
+from parley.bench.common import letters_alike, word_overlap
 from parley.bench.interruption import speech_onset_s
 from parley.bench.service import Service, metric_value
 from parley.bench.sip_caller import SipCaller
@@ -90,7 +90,8 @@ def test_a_softphone_calls_the_agent_asks_a_question_and_hears_the_answer(
     asked_end = lead_s + question.size / 16000
     reply = heard[int(asked_end * rate) :]
     text = whisper.transcribe(resample(reply, rate, 16000)).text
-    assert word_overlap(text, turn["agent"]) >= 0.6, (
+    # a short reply over 8 kHz: a word Whisper splits wrong must not fail it, other words must
+    assert word_overlap(text, turn["agent"]) >= 0.6 or letters_alike(text, turn["agent"]) >= 0.8, (
         f"the phone heard {text!r}, the agent said {turn['agent']!r}"
     )
     wait_until(lambda: not sip_calls(service), timeout=10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -78,3 +79,16 @@ def words(text: str) -> set[str]:
 def word_overlap(heard: str, said: str) -> float:
     """The share of the words said that were heard (a transcript check that tolerates one slip)."""
     return len(words(heard) & words(said)) / max(1, len(words(said)))
+
+
+def letters_alike(heard: str, said: str) -> float:
+    """How alike the letters of two transcripts are, 0..1, blind to where the words split.
+
+    Whisper hearing narrowband speech often merges or splits words ("on Japan" -> "Onjupant"),
+    which costs a short reply most of its word overlap while its letters still match.
+    """
+
+    def letters(text: str) -> str:
+        return "".join(c for c in text.lower() if c.isalpha())
+
+    return difflib.SequenceMatcher(None, letters(heard), letters(said), autojunk=False).ratio()
