@@ -147,6 +147,36 @@ def test_a_first_sentence_without_a_comma_is_spoken_from_its_first_phrase_break(
     assert pieces_of("The inside of the island is green.") == ["The inside of the island", "is green."]
 
 
+def test_a_first_piece_ends_on_its_mark_without_waiting_for_the_next_token() -> None:
+    def first_piece_after(tokens: list[str]) -> tuple[int, list[str]]:
+        """How many tokens the model wrote before the first piece went to TTS, and that piece."""
+        segmenter = ReplySegmenter()
+        for count, token in enumerate(tokens, 1):
+            pieces = segmenter.push(token)
+            if pieces:
+                return count, pieces
+        return len(tokens), segmenter.flush()
+
+    assert first_piece_after(["Sure", ",", " I", " can"]) == (2, ["Sure,"])
+    assert first_piece_after(["I", "'m", " Par", "ley", ",", " a"]) == (5, ["I'm Parley,"])
+    assert first_piece_after(["A", " spider", " has", " eight", " legs", ".", " They"]) == (
+        6,
+        ["A spider has eight legs."],
+    )
+    assert first_piece_after(["Yes", "!", " It"]) == (2, ["Yes!"])
+    # After a number or an abbreviation, the mark may be the inside of a word: the next token decides.
+    assert first_piece_after(["It", " is", " 1", ",", "0", "0", "0", " miles", "."]) == (
+        9,
+        ["It is 1,000 miles."],
+    )
+    assert first_piece_after(["Ask", " Dr", ".", " Lee", "."]) == (4, ["Ask Dr."])
+    assert first_piece_after(["Try", " e", ".g", ".", " tea", "."]) == (5, ["Try e.g."])
+    # The rest of an ellipsis whose first full stop closed the piece is not spoken on its own.
+    segmenter = ReplySegmenter()
+    pieces = [p for token in ["Well", ".", "..", " maybe", "."] for p in segmenter.push(token)]
+    assert pieces + segmenter.flush() == ["Well.", "maybe."]
+
+
 def test_running_dry_a_later_piece_is_cut_at_its_first_break_or_after_a_few_words() -> None:
     def pieces_of(reply: str, dry_at: int) -> list[str]:
         """Streamed word by word; from word `dry_at` the audio ahead is about to run out, until the next
