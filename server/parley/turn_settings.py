@@ -113,6 +113,14 @@ class TurnSettings:
     blip_silence_ms: int = field(
         default=160, metadata=_opt("silence that ends a candidate interruption (a blip)", "turns")
     )
+    backchannel_ask_ms: int = field(
+        default=64,
+        metadata=_opt(
+            "silence after speech over the agent before Whisper is asked whether it was a backchannel "
+            "(a word's final 'p' or 't' is a closure, then a release)",
+            "turns",
+        ),
+    )
     backchannel_max_ms: int = field(
         default=1000, metadata=_opt("speech longer than this always interrupts the agent", "turns")
     )

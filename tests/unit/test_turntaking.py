@@ -181,7 +181,9 @@ def test_short_speech_over_the_agent_is_checked_without_waiting_and_chunks_keep_
     feed(taker, 0.9, 320)
     assert control.log == ["pause"]  # the agent is paused at once; nothing asked while speech goes on
     feed(taker, 0.0, 32)
-    assert control.log == ["pause", "check"]  # asked at the first silent chunk
+    assert control.log == ["pause"]  # one silent chunk may be the closure of a final "p" or "t"
+    feed(taker, 0.0, 32)
+    assert control.log == ["pause", "check"]  # asked after 64 ms of silence, long before the blip's 160
     feed(taker, 0.0, 600)
     assert control.log == ["pause", "check"]  # still paused: neither resumed nor cut without a verdict
     assert taker.mode is Mode.BARGE
@@ -247,7 +249,7 @@ def test_a_verdict_for_a_decided_candidate_changes_nothing(setup) -> None:  # ty
     taker, control, _ = setup
     control.active = True
     feed(taker, 0.9, 320)
-    feed(taker, 0.0, 32)
+    feed(taker, 0.0, 64)
     feed(taker, 0.9, 800)  # long speech: a barge-in without waiting for the check
     assert control.log.count("interrupt") == 1
     answer(taker, control, True, "Uh.", which=0)

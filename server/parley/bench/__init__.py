@@ -9,17 +9,20 @@ import statistics
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from parley.config import Settings
 
 Bench = Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]]
 
 
 def add_bench_parser(commands: Any) -> None:
-    from parley.bench import answers, calls, capacity, interruption, response, tools
+    from parley.bench import answers, backchannels, calls, capacity, interruption, response, tools
 
     bench = commands.add_parser("bench", help="run a benchmark (at the caller)", description=__doc__)
     names = bench.add_subparsers(dest="bench", required=True, metavar="NAME")
-    for module in (response, interruption, calls, capacity, answers, tools):
+    for module in (response, interruption, backchannels, calls, capacity, answers, tools):
         parser = names.add_parser(module.NAME, help=module.HELP, description=module.__doc__)
         parser.add_argument("--url", default="", help="a running service; default: start one on a free port")
         parser.add_argument("--json", default="", help="write results here (default bench-NAME.json)")
@@ -45,6 +48,15 @@ def _runner(name: str, bench: Bench) -> Callable[[argparse.Namespace], int]:
         return 0 if results.get("ok", True) else 1
 
     return run
+
+
+def settings_from_flags(flags: list[str]) -> Settings:
+    """The settings `parley serve` would run with these flags (a benchmark that runs engines in process)."""
+    from parley.settings_sources import add_arguments, load_settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return load_settings(parser.parse_args(flags))
 
 
 def progress(message: str) -> None:

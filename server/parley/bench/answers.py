@@ -14,11 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from parley.bench import percentiles, progress
+from parley.bench import percentiles, progress, settings_from_flags
 from parley.config import Settings
 from parley.engines.llm import LlmEngine, Message
 from parley.pipeline.segmenter import ReplySegmenter, ends_sentence
-from parley.settings_sources import load_settings
 
 NAME = "answers"
 HELP = "everyday and factual questions: right answers out of the set, and time to the first piece"
@@ -143,7 +142,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from parley.engines.llm import load_llm
 
     flags = [*args.server_arg, *([f"--llm-model={args.llm_model}"] if args.llm_model else [])]
-    settings = _settings(flags)
+    settings = settings_from_flags(flags)
     started = time.perf_counter()
     llm = load_llm(settings)
     load_s = time.perf_counter() - started
@@ -164,14 +163,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if callable(close):
         close()
     return _result(rows, {"llm": settings.llm_model, "load_s": round(load_s, 1)})
-
-
-def _settings(flags: list[str]) -> Settings:
-    from parley.settings_sources import add_arguments as add_setting_arguments
-
-    parser = argparse.ArgumentParser()
-    add_setting_arguments(parser)
-    return load_settings(parser.parse_args(flags))
 
 
 async def _spoken(args: argparse.Namespace) -> dict[str, Any]:

@@ -128,6 +128,8 @@ async def barge_in_trial(
     after = await counters.read()
     said = _events(caller, "user_transcript", onset)
     trial["transcript"] = said[0]["text"] if said else ""
+    if not trial["cut"]:  # what the backchannel check heard, that let the reply go on
+        trial["verdict"] = [e.get("heard", "") for e in _events(caller, "agent_resumed", onset)]
     trial["barge_ins"] = after["barge"] - before["barge"]
     trial["false_interruptions"] = after["false"] - before["false"]
     return trial

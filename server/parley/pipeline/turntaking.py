@@ -13,13 +13,13 @@ Runs on the call's VAD thread, one VAD chunk (32 ms) at a time. It decides; the 
   the old utterance as the next revision); less is a blip and the reply goes on untouched;
 - speech while the agent talks (or prepares a reply) pauses the agent at the first chunk, then either
   resumes it or confirms a barge-in. Shorter than `min_speech_ms` it is a blip; longer than
-  `backchannel_max_ms` it is the caller talking. In between, at its first silent chunk, the audio goes to
-  the call's backchannel check (Whisper, on another thread) while chunks keep coming; its verdict
-  comes back through the VAD queue (`verdict`). A backchannel ("uh", "oh wow", a laugh) resumes the
-  agent once the silence is as long as a blip's; words confirm the barge-in at once, even when more
-  speech followed ("uh, wait"); more speech before a backchannel verdict asks again, on all of it. No
-  verdict within `backchannel_wait_ms` confirms the barge-in: the caller spoke, and could not be told
-  apart from a filler in time.
+  `backchannel_max_ms` it is the caller talking. In between, once `backchannel_ask_ms` of silence
+  follows it, the audio goes to the call's backchannel check (Whisper, on another thread) while chunks
+  keep coming; its verdict comes back through the VAD queue (`verdict`). A backchannel ("uh", "oh wow",
+  a laugh) resumes the agent once the silence is as long as a blip's; words confirm the barge-in at
+  once, even when more speech followed ("uh, wait"); more speech before a backchannel verdict asks
+  again, on all of it. No verdict within `backchannel_wait_ms` confirms the barge-in: the caller spoke,
+  and could not be told apart from a filler in time.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class TurnTaker:
         elif self.mode is Mode.REOPEN:
             self._decide_reopen()
         elif self.mode is Mode.BARGE:
-            self._decide_barge(is_silence, arrived_at)
+            self._decide_barge(arrived_at)
 
     def verdict(self, verdict: BargeVerdict) -> None:
         """The backchannel check's answer (VAD thread, in order with the audio)."""
@@ -332,7 +332,7 @@ class TurnTaker:
             metrics.REOPEN_CANDIDATES_TOTAL.labels(outcome="cancelled").inc()
             self._to_idle()
 
-    def _decide_barge(self, is_silence: bool, arrived_at: float) -> None:
+    def _decide_barge(self, arrived_at: float) -> None:
         seg = self._segment
         ended = seg.silence_ms >= self.settings.blip_silence_ms or seg.total_ms >= UNDECIDED_LIMIT_MS
         if seg.speech_ms >= self.settings.backchannel_max_ms:
@@ -341,9 +341,11 @@ class TurnTaker:
             if ended:
                 self._resume(None)  # too short for a word: a blip
         elif not self._checks or self._checks[-1].speech_ms != seg.speech_ms:
-            # Asked at the first silent chunk, not once the silence says the speech ended: Whisper's
-            # verdict is then in about when the blip silence is over.
-            if is_silence or seg.total_ms >= UNDECIDED_LIMIT_MS:
+            # Asked after a little silence, not once the silence says the speech ended: Whisper's verdict
+            # is then in about when the blip silence is over. Not at the first silent chunk: that may be
+            # the closure of a final "p" whose release is still to come ("stop" over 8 kHz, asked at its
+            # first silent chunk, was heard as "uh"; a chunk later, as a word), or the one inside "okay".
+            if seg.silence_ms >= self.settings.backchannel_ask_ms or seg.total_ms >= UNDECIDED_LIMIT_MS:
                 self._ask(arrived_at)
         elif self._check_overdue(self._checks[-1], arrived_at):
             self._confirm_barge_in()
