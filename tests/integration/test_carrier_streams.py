@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from parley.app import create_app
 from parley.bench.carrier import CarrierCaller
-from parley.bench.common import QUESTIONS, word_overlap
+from parley.bench.common import QUESTIONS, letters_alike, word_overlap
 from parley.bench.interruption import speech_onset_s
 from parley.bench.listening import CallFailed
 from parley.bench.service import Service, metric_value
@@ -57,7 +57,8 @@ async def test_a_phone_caller_asks_and_hears_a_spoken_reply(service: Service, wh
         assert arrived is not None
         print(f"\nend of question -> first reply media: {arrived - spoken_end:.3f} s")
         assert len(heard.split()) >= 3, f"the reply should be speech, Whisper heard {heard!r}"
-        assert word_overlap(heard, str(done["text"])) >= 0.5, (heard, done["text"])
+        said = str(done["text"])
+        assert word_overlap(heard, said) >= 0.5 or letters_alike(heard, said) >= 0.8, (heard, said)
         turn = transcript(service, phone.call_id)[done["turn_id"]]
         # Telephone audio (8 kHz mu-law) costs Whisper a word now and then ("weather" -> "whammer").
         assert word_overlap(str(turn["user"]), QUESTION) >= 0.5, turn["user"]
