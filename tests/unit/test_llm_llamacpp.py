@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from parley import metrics
-from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
+from parley.config import DEFAULT_GREETING, DEFAULT_SYSTEM_PROMPT, Settings
 from parley.engines.cache import CacheError, llm_gguf, verify_folder
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads
@@ -347,3 +347,30 @@ def test_a_reply_does_not_copy_the_earlier_replies_of_its_conversation(llm: Llam
     messages.append({"role": "user", "content": "How do I make a cup of tea?"})
     reply = "".join(str(piece) for piece in llm.stream(messages, never))
     assert reply and not sorry.startswith(reply[:40]), reply
+
+
+def test_after_introducing_itself_once_it_does_not_introduce_itself_again(llm: LlamaCppLlm) -> None:
+    # After a garbled first question Qwen2.5-0.5B introduced itself, then gave each of nine later questions
+    # the same introduction, dodging DRY's usual penalty (0.8) with "voiceassistant" (SIP, 2026-12-03).
+    intro = "I'm Parley, a friendly voice assistant. How can I assist you today?"
+    messages: list[Message] = [
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "assistant", "content": DEFAULT_GREETING},
+        {"role": "user", "content": "What is my whener like in Paris to me?"},
+        {"role": "assistant", "content": intro},
+        {"role": "user", "content": "Can you recommend a God-Bot 3?"},
+    ]
+    reply = "".join(str(piece) for piece in llm.stream(messages, never))
+    assert reply and "parley" not in reply.lower(), reply
+
+
+def test_a_reply_may_end_its_sentence_where_an_earlier_reply_ended_one(llm: LlamaCppLlm) -> None:
+    messages: list[Message] = [
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "user", "content": "How many legs does a spider have?"},
+        {"role": "assistant", "content": "A spider has four legs."},
+        {"role": "user", "content": "How many legs does a dog have?"},
+    ]
+    reply = "".join(str(piece) for piece in llm.stream(messages, never))
+    # penalised like a word, the full stop gave way to ", but it is not a mammal."
+    assert reply.strip() == "A dog has four legs.", reply

@@ -34,3 +34,11 @@ def test_only_the_copying_token_is_lowered_so_a_reply_may_start_alike_and_say_so
     assert int(scores.argmax()) == 123  # "but" would copy four tokens on: another word wins
     assert scores[SORRY[4]] == pytest.approx(5.0 - MULTIPLIER * BASE**2)
     assert np.count_nonzero(scores) == 2
+
+
+def test_a_sentence_or_reply_may_end_where_an_earlier_reply_ended() -> None:
+    full_stop = 13
+    spider = [32, 34354, 702, 3040, 14201, full_stop]  # "A spider has four legs."
+    dog = [32, 5562, 702, 3040, 14201]  # "A dog has four legs"
+    assert copy_penalties(dog, [spider]) == {full_stop: pytest.approx(MULTIPLIER * BASE)}
+    assert copy_penalties(dog, [spider], free={full_stop}) == {}

@@ -155,6 +155,9 @@ class ChatTokenizer:
         ends = [t for t in ("<|im_end|>", self.tokenizer.eos_token) if isinstance(t, str) and t in vocab]
         self.end_tokens = list(dict.fromkeys(ends))
         self.end_ids = {vocab[t] for t in self.end_tokens}
+        # A sentence's last mark, where it is a token of its own (a reply may end a sentence as another did)
+        marks = (self._single_token(mark) for mark in (".", "!", "?", "...", "…"))
+        self.sentence_end_ids = {token for token in marks if token is not None}
         # Tool-call tags are added tokens that decoding with skip_special_tokens would drop: pass them on.
         self.tag_ids = {vocab[t]: t for t in (OPEN_TAG, CLOSE_TAG) if t in vocab}
 
@@ -180,6 +183,10 @@ class ChatTokenizer:
         if len(at) != 2:
             return []
         return ids[at[0] + len(own) : at[1]]
+
+    def _single_token(self, text: str) -> int | None:
+        ids = self.encode(text)
+        return ids[0] if len(ids) == 1 else None
 
     def encode(self, text: str) -> list[int]:
         """`text`'s tokens on their own, as a reply that said it would have written them."""

@@ -109,6 +109,7 @@ class LlamaCppLlm(LocalLlm):
         self.temperature = temperature
         self._chat = ChatTokenizer(tokenizer_dir)
         self._next_turn_opening = self._chat.next_turn_opening()
+        self._ends = frozenset(self._chat.end_ids | self._chat.sentence_end_ids)  # never a copy's penalty
         # 0: every core, or one while Whisper or Piper computes (see _threads)
         self._fixed_threads = threads
         self._threads_now = threads or cpu_threads()
@@ -407,7 +408,7 @@ class LlamaCppLlm(LocalLlm):
 
     def _sample(self, logits: np.ndarray, said: list[int], earlier: list[list[int]]) -> int:
         scores = logits.astype(np.float32, copy=True)
-        penalise_copies(scores, said, earlier)  # not another turn's reply again (engines/repeats.py)
+        penalise_copies(scores, said, earlier, self._ends)  # not another turn's reply (engines/repeats.py)
         if said and REPETITION_PENALTY != 1.0:
             seen = np.unique(np.asarray(said[-PENALTY_WINDOW:], dtype=np.int64))
             values = scores[seen]
