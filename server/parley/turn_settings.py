@@ -121,6 +121,14 @@ class TurnSettings:
             "turns",
         ),
     )
+    filler_silence_ms: int = field(
+        default=400,
+        metadata=_opt(
+            "after a lone 'uh' or 'um' over the agent, the silence before it resumes (a filler often "
+            "opens the caller's turn: 'uh, wait'); other backchannels wait `blip_silence_ms`",
+            "turns",
+        ),
+    )
     backchannel_max_ms: int = field(
         default=1000, metadata=_opt("speech longer than this always interrupts the agent", "turns")
     )

@@ -10,7 +10,7 @@ import pytest
 
 from parley.config import Settings
 from parley.engines.stt import Transcription
-from parley.pipeline.backchannels import BackchannelJudge, fold
+from parley.pipeline.backchannels import BackchannelJudge, fold, is_lone_filler
 
 JUDGE = BackchannelJudge(Settings().backchannels, Settings().backchannel_min_logprob)
 
@@ -105,3 +105,19 @@ def test_the_word_list_comes_from_the_settings() -> None:
     judge = BackchannelJudge(("okay",), -1.5)
     assert judge.judge(heard("Okay."), 400).backchannel
     assert not judge.judge(heard("Wow."), 400).backchannel
+
+
+@pytest.mark.parametrize(
+    ("text", "lone"),
+    [
+        ("Uh...", True),
+        ("Umm.", True),
+        ("uh", True),
+        ("Uh uh", False),  # "uh-huh" as Whisper may write it: an acknowledgement
+        ("Okay.", False),
+        ("", False),
+        ("Oh.", False),
+    ],
+)
+def test_a_lone_hesitation_is_told_from_other_backchannels(text: str, lone: bool) -> None:
+    assert is_lone_filler(text) is lone

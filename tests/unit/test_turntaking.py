@@ -245,6 +245,32 @@ def test_no_verdict_in_time_lets_the_caller_have_the_turn(setup) -> None:  # typ
     assert control.log[:3] == ["pause", "check", "interrupt"]
 
 
+def test_after_a_lone_uh_the_agent_waits_longer_before_resuming(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 320)
+    feed(taker, 0.0, 64)
+    answer(taker, control, True, "Uh...")
+    feed(taker, 0.0, 288)  # past a blip's silence: an "okay" would have resumed it by now
+    assert "resume" not in control.log
+    feed(taker, 0.0, 64)  # 416 ms of silence in all
+    assert control.log == ["pause", "check", "resume"]
+
+
+def test_words_after_a_lone_uh_cut_the_agent_without_resuming_it_first(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    control.active = True
+    feed(taker, 0.9, 320)  # "uh,"
+    feed(taker, 0.0, 64)
+    answer(taker, control, True, "Uh...")
+    feed(taker, 0.0, 160)  # the comma's pause
+    feed(taker, 0.9, 320)  # "wait"
+    feed(taker, 0.0, 64)
+    assert control.log == ["pause", "check", "check"]  # asked again, on all of it; never resumed
+    answer(taker, control, False, "Uh, wait.")
+    assert control.log[:4] == ["pause", "check", "check", "interrupt"] and "resume" not in control.log
+
+
 def test_a_verdict_for_a_decided_candidate_changes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
     taker, control, _ = setup
     control.active = True

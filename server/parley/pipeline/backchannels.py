@@ -51,6 +51,18 @@ def _phrase(text: str) -> tuple[str, ...]:
     return tuple(fold(w) for w in normalise_words(text).split())
 
 
+# Hesitations that, said alone over the agent, often open the caller's turn ("uh, | wait"): the agent
+# waits a little longer before it resumes after one (`filler_silence_ms`). Acknowledgements ("yeah",
+# "mm-hmm") ask it to go on, and an "oh" as often says "I see".
+TURN_OPENING_FILLERS = frozenset(("uh", "um", "er", "erm"))
+
+
+def is_lone_filler(text: str) -> bool:
+    """Whether Whisper heard one hesitation and nothing else ("Uh...", "Umm.")."""
+    words = _phrase(_ANNOTATION.sub(" ", text))
+    return len(words) == 1 and words[0] in TURN_OPENING_FILLERS
+
+
 @dataclass(frozen=True)
 class Verdict:
     backchannel: bool

@@ -16,7 +16,8 @@ Runs on the call's VAD thread, one VAD chunk (32 ms) at a time. It decides; the 
   `backchannel_max_ms` it is the caller talking. In between, once `backchannel_ask_ms` of silence
   follows it, the audio goes to the call's backchannel check (Whisper, on another thread) while chunks
   keep coming; its verdict comes back through the VAD queue (`verdict`). A backchannel ("uh", "oh wow",
-  a laugh) resumes the agent once the silence is as long as a blip's; words confirm the barge-in at
+  a laugh) resumes the agent once the silence is as long as a blip's (a lone "uh" or "um", which often
+  opens the caller's turn, once it is `filler_silence_ms`); words confirm the barge-in at
   once, even when more speech followed ("uh, wait"); more speech before a backchannel verdict asks
   again, on all of it. No verdict within `backchannel_wait_ms` confirms the barge-in: the caller spoke,
   and could not be told apart from a filler in time.
@@ -36,6 +37,7 @@ from parley import metrics
 from parley.audio import PIPELINE_RATE
 from parley.config import Settings
 from parley.engines.stt import Transcription
+from parley.pipeline.backchannels import is_lone_filler
 from parley.pipeline.messages import BargeVerdict, TurnEndVerdict
 from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.turns import SpeculativeTurnTracker
@@ -361,15 +363,15 @@ class TurnTaker:
         return check.backchannel is None and now - check.asked_at >= self.settings.backchannel_wait_ms / 1000
 
     def _resume_if_settled(self) -> None:
-        """Resume once the newest check said "backchannel" for all that was said, and it has ended."""
+        """Resume once the newest check said "backchannel" for all that was said, and it has ended: after a
+        blip's silence, or a longer one after a lone "uh" (the caller may be about to speak)."""
         seg = self._segment
         check = self._checks[-1] if self._checks else None
-        if (
-            check is not None
-            and check.backchannel
-            and check.speech_ms == seg.speech_ms
-            and seg.silence_ms >= self.settings.blip_silence_ms
-        ):
+        if check is None or not check.backchannel or check.speech_ms != seg.speech_ms:
+            return
+        filler = check.heard is not None and is_lone_filler(check.heard.text)
+        needed = self.settings.filler_silence_ms if filler else self.settings.blip_silence_ms
+        if seg.silence_ms >= needed:
             self._resume(check.heard)
 
     # transitions
