@@ -3,19 +3,17 @@
 In this process, with the service's VAD, Whisper and judge, no call: each sound (espeak-ng, or the
 synthetic cough) is heard wideband and over G.711 (8 kHz u-law, what SIP and carrier callers send), at
 `--phases` offsets against the VAD's 32 ms chunks (where a chunk boundary falls changes what the check
-is given). The check is asked as the turn-taker asks it (pipeline/turntaking.py): once
-`backchannel_ask_ms` of silence follows the speech, on the audio since the speech began and the
-preroll before it, and asked again when more speech follows; the last answer decides. A blip's silence
-ends a stretch and later speech is a new one ("uh, | wait"): a sound cuts the agent when any stretch of
-it does. Sounds with no stretch of `min_speech_ms` are blips (never checked), counted apart. A fast,
-deterministic companion to `bench interruption`, whose live trials each see one phase.
+is given). The service's own turn-taker (pipeline/turntaking.py) hears each sound over an agent that
+is talking, asks its checks where it would, and gets each verdict as many chunks later as Whisper took;
+a sound cuts the agent when the turn-taker cuts it at any point ("uh, | wait" may resume it, then cut
+it). Sounds it never checks are blips, counted apart. A fast companion to `bench interruption`, whose
+live trials each see one phase.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,7 +25,9 @@ from parley.config import Settings
 from parley.engines.stt import SttEngine
 from parley.engines.vad import VadEngine
 from parley.pipeline.backchannels import BackchannelJudge
-from parley.pipeline.turntaking import NEGATIVE_THRESHOLD_GAP
+from parley.pipeline.messages import BargeVerdict
+from parley.pipeline.turns import SpeculativeTurnTracker
+from parley.pipeline.turntaking import TurnTaker
 
 NAME = "backchannels"
 HELP = "the backchannel check's verdicts on the interruption corpus, wideband and over 8 kHz G.711"
@@ -45,50 +45,67 @@ def over_the_phone(pcm: np.ndarray) -> np.ndarray:
     return resample(narrow, 8000, PIPELINE_RATE)
 
 
-@dataclass
-class Stretch:
-    """Speech over the agent up to a blip's silence: what the turn-taker decides on as one."""
+class TalkingAgent:
+    """The call, as the turn-taker sees it, while the agent talks on: every backchannel check it asks is
+    answered by the service's Whisper and judge, the verdict delivered as many chunks later as the
+    transcription took (as the VAD queue would deliver it); what the turn-taker then decides is kept."""
 
-    onset: int  # its first speech chunk
-    speech_ms: float = 0.0
-    silence_ms: float = 0.0
-    checks: list[tuple[np.ndarray, float]] = field(default_factory=list)  # (audio, speech_ms) asked
+    def __init__(self, stt: SttEngine, judge: BackchannelJudge) -> None:
+        self.stt = stt
+        self.judge = judge
+        self.talking = True
+        self.decisions: list[str] = []  # "resumed" / "cut", in order
+        self.checks: list[tuple[np.ndarray, float]] = []  # (audio, speech_ms) asked
+        self.heard: list[str] = []
+        self.due: list[tuple[float, BargeVerdict]] = []  # (when it is delivered, the verdict)
+        self.now = 0.0
+
+    def agent_active(self) -> bool:
+        return self.talking
+
+    def pause_agent(self) -> float:
+        return self.now
+
+    def resume_agent(self, heard: str) -> None:
+        self.decisions.append("resumed")
+
+    def interrupt_agent(self, onset_arrived_at: float) -> None:
+        self.decisions.append("cut")
+        self.talking = False
+
+    def check_backchannel(self, request: int, audio: np.ndarray, speech_ms: float) -> None:
+        heard = self.stt.transcribe(audio, urgent=True)
+        verdict = self.judge.judge(heard, speech_ms)
+        self.checks.append((audio, speech_ms))
+        self.heard.append(heard.text)
+        self.due.append(
+            (self.now + heard.seconds, BargeVerdict(request, verdict.backchannel, verdict.reason, heard))
+        )
+
+    # once the agent is cut, the caller's words are a turn: nothing of it matters here
+    def open_turn(self) -> str:
+        return "turn"
+
+    def user_started_speaking(self) -> None: ...
+    def speech_paused(self, *args: Any, **kwargs: Any) -> None: ...
+    def speech_resumed(self, turn_id: str, revision: int) -> None: ...
+    def judge_turn_end(self, speech_end: float, audio: np.ndarray) -> None: ...
+    def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None: ...
+    def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None: ...
 
 
-def stretches_heard(audio: np.ndarray, vad: VadEngine, settings: Settings) -> list[Stretch]:
-    """Each stretch of speech the turn-taker would decide on in this audio, with the backchannel checks it
-    would ask for it: once `backchannel_ask_ms` of silence follows speech, on the preroll and all the
-    stretch so far, again after more speech. A stretch ends at a blip's silence, or at
-    `backchannel_max_ms` of speech (then it cuts the agent unasked)."""
-    stream = vad.new_stream()
+def heard_over_the_agent(audio: np.ndarray, vad: VadEngine, agent: TalkingAgent, settings: Settings) -> None:
+    """Play `audio` to the real turn-taker, chunk by chunk, while `agent` talks."""
     chunk_ms = 1000 * CHUNK / PIPELINE_RATE
-    negative = max(0.01, settings.vad_threshold - NEGATIVE_THRESHOLD_GAP)
-    preroll = max(1, int(settings.preroll_ms / chunk_ms))
-    stretches: list[Stretch] = []
-    current: Stretch | None = None
-    for index in range(0, audio.size // CHUNK):
-        probability = stream.probability(audio[index * CHUNK : (index + 1) * CHUNK])
-        if probability >= settings.vad_threshold:
-            if current is None:
-                current = Stretch(index)
-                stretches.append(current)
-            current.speech_ms += chunk_ms
-            current.silence_ms = 0.0
-        elif current is not None and probability < negative:
-            current.silence_ms += chunk_ms
-        if current is None:
-            continue
-        asked = current.checks[-1][1] if current.checks else 0.0
-        if (
-            settings.min_speech_ms <= current.speech_ms < settings.backchannel_max_ms
-            and current.silence_ms >= settings.backchannel_ask_ms
-            and current.speech_ms != asked
-        ):
-            start = max(0, current.onset - preroll) * CHUNK
-            current.checks.append((audio[start : (index + 1) * CHUNK], current.speech_ms))
-        if current.silence_ms >= settings.blip_silence_ms or current.speech_ms >= settings.backchannel_max_ms:
-            current = None
-    return stretches
+    taker = TurnTaker(settings, SpeculativeTurnTracker(), agent, chunk_ms)
+    stream = vad.new_stream()
+    for index in range(audio.size // CHUNK):
+        agent.now = (index + 1) * chunk_ms / 1000
+        for verdict in [v for at, v in agent.due if at <= agent.now]:
+            taker.verdict(verdict)
+        agent.due = [(at, v) for at, v in agent.due if at > agent.now]
+        chunk = audio[index * CHUNK : (index + 1) * CHUNK]
+        taker.process(chunk, stream.probability(chunk), agent.now)
 
 
 def judge_sound(
@@ -100,29 +117,21 @@ def judge_sound(
     judge: BackchannelJudge,
     settings: Settings,
 ) -> dict[str, Any]:
-    """The outcome for one sound: "words" when any stretch of it cuts the agent, "backchannel" when each
-    one lets it go on, "blip" when none is long enough to be checked."""
+    """The outcome for one sound: "words" when it cuts the agent at any point, "backchannel" when the
+    agent resumed after each check, "blip" when no check was asked."""
     lead = np.zeros(PIPELINE_RATE + phase, dtype=np.int16)
-    audio = np.concatenate([lead, pcm, np.zeros(PIPELINE_RATE, dtype=np.int16)])
-    row: dict[str, Any] = {
+    audio = np.concatenate([lead, pcm, np.zeros(2 * PIPELINE_RATE, dtype=np.int16)])
+    agent = TalkingAgent(stt, judge)
+    heard_over_the_agent(audio, vad, agent, settings)
+    cut = "cut" in agent.decisions
+    outcome = "words" if cut else ("backchannel" if agent.checks else "blip")
+    return {
         "said": sound.label,
         "kind": sound.kind,
         "phase_ms": round(1000 * phase / PIPELINE_RATE),
-        "heard": [],
+        "heard": agent.heard,
+        "outcome": outcome,
     }
-    outcomes = []
-    for stretch in stretches_heard(audio, vad, settings):
-        if stretch.speech_ms < settings.min_speech_ms:
-            continue
-        if not stretch.checks or stretch.speech_ms >= settings.backchannel_max_ms:
-            outcomes.append("words")
-            continue
-        clip, speech_ms = stretch.checks[-1]  # the last answer decides; earlier ones are partial
-        heard = stt.transcribe(clip, urgent=True)
-        row["heard"].append(heard.text)
-        outcomes.append("backchannel" if judge.judge(heard, speech_ms).backchannel else "words")
-    outcome = "blip" if not outcomes else ("words" if "words" in outcomes else "backchannel")
-    return {**row, "outcome": outcome}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
