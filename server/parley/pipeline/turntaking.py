@@ -111,6 +111,7 @@ class _Check:
     asked_at: float
     heard: Transcription | None = None
     backchannel: bool | None = None  # None until the verdict is in
+    filler: bool = False  # the verdict heard a lone "uh" or "um": resume after a longer silence
 
 
 @dataclass
@@ -196,6 +197,7 @@ class TurnTaker:
             return
         check.backchannel = True
         check.heard = verdict.heard
+        check.filler = verdict.heard is not None and is_lone_filler(verdict.heard.text)
         self._resume_if_settled()
 
     def turn_end_verdict(self, verdict: TurnEndVerdict) -> None:
@@ -369,8 +371,7 @@ class TurnTaker:
         check = self._checks[-1] if self._checks else None
         if check is None or not check.backchannel or check.speech_ms != seg.speech_ms:
             return
-        filler = check.heard is not None and is_lone_filler(check.heard.text)
-        needed = self.settings.filler_silence_ms if filler else self.settings.blip_silence_ms
+        needed = self.settings.filler_silence_ms if check.filler else self.settings.blip_silence_ms
         if seg.silence_ms >= needed:
             self._resume(check.heard)
 
