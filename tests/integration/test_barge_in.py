@@ -65,9 +65,11 @@ async def test_a_pause_mid_sentence_gives_one_reply(service: Service) -> None:
     revisions = metric_value(service.metrics_text(), "parley_turn_revisions_total")
     caller = await greeted(service)
     try:
-        # Longer than the 300 ms end-of-turn silence, well inside the 600 ms reopen grace.
+        # Longer than the 250 ms end-of-turn silence, so the turn ends and its reply is started; inside
+        # the 550 ms before that reply may be heard (end of turn + 300 ms reopen grace), the pause the
+        # interruption benchmark times. A pause of exactly 550 ms raced the reply's first frame.
         first, rest = trim(espeak("what is the weather like")), trim(espeak("in paris today"))
-        question = join(first, silence_ms(550), rest, silence_ms(300))
+        question = join(first, silence_ms(400), rest, silence_ms(300))
         started, asked = await caller.say(question)
         done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
         await asyncio.sleep(1.5)
