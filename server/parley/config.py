@@ -214,6 +214,14 @@ class Settings(TurnSettings):
             "the LLM pauses up to this long for the first audio of a reply (CPU: they share cores)", "agent"
         ),
     )
+    speak_ahead_ms: int = field(
+        default=1500,
+        metadata=_opt(
+            "a reply's audio is made at most this far ahead of what the caller has heard (0: as fast as "
+            "it comes): a reply cut short leaves less made for nothing, a long one leaves cores to others",
+            "agent",
+        ),
+    )
     max_reply_sentences: int = field(
         default=2,
         metadata=_opt("a reply stops after this many sentences (spoken replies stay short)", "agent"),

@@ -59,12 +59,19 @@ class Response:
             return {}
         return {name: round(at - self.speech_end, 3) for name, at in self.marks.items()}
 
+    def unplayed_s(self) -> float:
+        """Seconds of the audio synthesised so far that the caller has yet to hear: all of it before its
+        first frame plays, then as if it played on without a pause (a pause only leaves more unheard)."""
+        if self.first_audio_at is None:
+            return self.audio_s
+        return max(0.0, self.first_audio_at + self.audio_s - time.monotonic())
+
     def runs_dry_within(self, seconds: float) -> bool:
         """Whether the audio synthesised so far will have played out within `seconds`, nothing more being
         on its way through TTS: the LLM stage then cuts its next piece early. False before it plays."""
         if self.first_audio_at is None or self.pieces_spoken < self.pieces_sent:
             return False
-        return time.monotonic() + seconds >= self.first_audio_at + self.audio_s
+        return self.unplayed_s() <= seconds
 
     def heard_text(self) -> str:
         return " ".join(s for s in [*self.played_segments, self.partial_segment] if s).strip()

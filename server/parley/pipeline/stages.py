@@ -42,6 +42,7 @@ from parley.pipeline.messages import (
     TurnEndVerdict,
     Utterance,
 )
+from parley.pipeline.pacing import wait_for_playout
 from parley.pipeline.queues import QueueClosed, StageQueue
 from parley.pipeline.segmenter import split_sentences
 from parley.pipeline.vad_stage import VadItem
@@ -364,7 +365,13 @@ class TtsStage(Stage[ReplyText]):
         unsaid = text  # the sentence's text goes with its first chunk of audio
         # A sentence comes in stretches cut mid-word: resampled as one stream, so no edge clicks.
         resampler = StreamResampler(self.tts.sample_rate, self.outbound.rate, quality="HQ")
-        for pcm in self.tts.synthesize(text):
+        stretches = iter(self.tts.synthesize(text))
+        while True:
+            # The next stretch is computed when it will soon be heard (pipeline/pacing.py).
+            self._pace(response)
+            pcm = next(stretches, None)
+            if pcm is None:
+                break
             if self.ctx.is_stale(response.tag):
                 return
             if response.tts_first_audio_s is None:
@@ -376,6 +383,10 @@ class TtsStage(Stage[ReplyText]):
                 unsaid = ""
         if not self.ctx.is_stale(response.tag):
             self._send(response, resampler.process(np.zeros(0, dtype=np.int16), last=True), unsaid)
+
+    def _pace(self, response: Response) -> None:
+        lead_s = self.ctx.settings.speak_ahead_ms / 1000
+        wait_for_playout(response, lead_s, lambda: self.ctx.is_stale(response.tag))
 
     def _send(self, response: Response, audio: np.ndarray, text: str) -> bool:
         """Push `audio` with `text`, if there is any audio; whether it was pushed."""
