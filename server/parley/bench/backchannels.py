@@ -57,6 +57,7 @@ class TalkingAgent:
         self.decisions: list[str] = []  # "resumed" / "cut", in order
         self.checks: list[tuple[np.ndarray, float]] = []  # (audio, speech_ms) asked
         self.heard: list[str] = []
+        self.logprobs: list[float] = []  # how sure Whisper was of each (its mean token log-probability)
         self.due: list[tuple[float, BargeVerdict]] = []  # (when it is delivered, the verdict)
         self.now = 0.0
 
@@ -78,6 +79,7 @@ class TalkingAgent:
         verdict = self.judge.judge(heard, speech_ms)
         self.checks.append((audio, speech_ms))
         self.heard.append(heard.text)
+        self.logprobs.append(round(heard.avg_logprob, 2))
         self.due.append(
             (self.now + heard.seconds, BargeVerdict(request, verdict.backchannel, verdict.reason, heard))
         )
@@ -130,6 +132,7 @@ def judge_sound(
         "kind": sound.kind,
         "phase_ms": round(1000 * phase / PIPELINE_RATE),
         "heard": agent.heard,
+        "logprobs": agent.logprobs,
         "outcome": outcome,
     }
 
