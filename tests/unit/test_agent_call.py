@@ -227,3 +227,31 @@ def test_arguments_outside_the_transfer_list_are_refused_before_anything_happens
         assert fake.transfers == []
     finally:
         finish(call, line)
+
+
+@pytest.mark.parametrize("yield_phrase", ["Sure, go ahead.", ""])
+def test_a_caller_who_says_wait_gets_the_floor_not_a_reply(yield_phrase: str) -> None:
+    llm = ScriptedLlm(token_s=0.01, reply="I'm sorry, but I can't assist with that.")
+    stt = ScriptedStt(text_for=lambda seconds: "Uh, wait." if seconds > 0.25 else "")
+    config = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=300)
+    call = Call(
+        "c-wait", "test", config, make_engines(llm=llm, stt=stt), RATE, agent(yield_phrase=yield_phrase)
+    )
+    line = Line(call)
+    call.start()
+    line.start()
+    try:
+        line.say(np.concatenate([loud(600), quiet(500)]))
+        line.wait(lambda: line.event("agent_done") is not None)
+        done = line.event("agent_done")
+        assert done is not None and done["interrupted"] is False
+        if yield_phrase:
+            assert done["text"] == "Sure, go ahead."
+            assert llm.prompts == []  # the model was not asked
+            assert call.details()["transcript"][0]["agent"] == "Sure, go ahead."
+        else:
+            assert done["text"] == "I'm sorry, but I can't assist with that." and len(llm.prompts) == 1
+    finally:
+        line.stop()
+        call.end("test_over")
+        assert call.join(5.0)

@@ -50,6 +50,15 @@ def test_an_order_desk_agent_file_loads_with_its_tools_and_builtins(tmp_path: Pa
     assert lookup.as_openai()["function"]["name"] == "lookup_order"
 
 
+def test_an_agent_yields_the_floor_with_its_own_phrase_or_not_at_all(tmp_path: Path) -> None:
+    assert load_agent_file(write(tmp_path, ORDER_DESK)).yield_phrase == "Sure, go ahead."
+    own = load_agent_file(write(tmp_path, 'yield_phrase = "Of course, {caller}."\n' + ORDER_DESK, "own.toml"))
+    assert own.yield_phrase == "Of course, {caller}."
+    off = load_agent_file(write(tmp_path, 'system_prompt = "x"\nyield_phrase = ""\n', "off.toml"))
+    assert off.yield_phrase == ""
+    assert next(iter(load_agents((), "Be brief.", "Hi.").values())).yield_phrase == "Sure, go ahead."
+
+
 def test_several_agents_by_name_the_first_is_the_default(tmp_path: Path) -> None:
     first = write(tmp_path, ORDER_DESK)
     second = write(tmp_path, 'system_prompt = "You book tables."\n', "tables.toml")

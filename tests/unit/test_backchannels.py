@@ -10,7 +10,7 @@ import pytest
 
 from parley.config import Settings
 from parley.engines.stt import Transcription
-from parley.pipeline.backchannels import BackchannelJudge, fold, is_lone_filler
+from parley.pipeline.backchannels import BackchannelJudge, fold, holds_the_floor, is_lone_filler
 
 JUDGE = BackchannelJudge(Settings().backchannels, Settings().backchannel_min_logprob)
 
@@ -121,3 +121,30 @@ def test_the_word_list_comes_from_the_settings() -> None:
 )
 def test_a_lone_hesitation_is_told_from_other_backchannels(text: str, lone: bool) -> None:
     assert is_lone_filler(text) is lone
+
+
+@pytest.mark.parametrize(
+    ("text", "holds"),
+    [
+        ("Wait.", True),
+        ("Stop.", True),
+        ("Uh, hold on, please.", True),
+        ("No, stop, stop.", True),
+        ("Wait, wait, wait.", True),
+        ("Hold on a second.", True),
+        ("Sorry, one moment.", True),
+        ("Please wait.", True),
+        ("Just a sec!", True),
+        ("Wait, what?", False),  # a question
+        ("Stop the order.", False),  # a request
+        ("No.", False),  # may answer what the agent asked
+        ("Okay.", False),
+        ("weight", False),
+        ("hold on hold", False),
+        ("", False),
+    ],
+)
+def test_a_caller_who_only_asks_the_agent_to_wait_is_told_from_one_who_asks_something(
+    text: str, holds: bool
+) -> None:
+    assert holds_the_floor(text) is holds

@@ -5,6 +5,7 @@ system_prompt = "You are the order desk of Acme. The caller is {caller}."
 greeting = "Acme orders, how can I help?"
 hold_phrase = "One moment while I look that up."   # said once when a tool runs longer than hold_after_ms
 hold_after_ms = 700
+yield_phrase = "Sure, go ahead."                    # said for "wait" or "hold on", not a reply ("": off)
 sip_headers = ["X-Customer-Id"]                     # SIP headers whose values become variables
 sip_users = ["+15551234567", "500"]                 # request-URI users that reach this agent ("*": any)
 
@@ -41,6 +42,10 @@ from parley.agent.templates import placeholders
 from parley.config import SettingsError
 
 DEFAULT_HOLD_AFTER_MS = 700
+# What a person says to someone who cuts in with "wait" or "hold on": the floor is theirs. Qwen2.5-0.5B,
+# given "Wait." after a reply it was cut in, answered "I'm sorry, but I can't assist with that." (2 of 2,
+# "Hold on." and "Uh, wait." alike), and those refusals then led it to refuse the next requests.
+DEFAULT_YIELD_PHRASE = "Sure, go ahead."
 DEFAULT_TOOL_TIMEOUT_MS = 5000
 MAX_TOOL_TIMEOUT_MS = 120_000
 BUILTIN_NAMES = ("end_call", "transfer", "send_dtmf")
@@ -54,6 +59,7 @@ _TOP_KEYS = {
     "greeting",
     "hold_phrase",
     "hold_after_ms",
+    "yield_phrase",
     "sip_headers",
     "tools",
     "builtins",
@@ -104,6 +110,7 @@ class Agent:
     greeting: str = ""
     hold_phrase: str = ""
     hold_after_ms: int = DEFAULT_HOLD_AFTER_MS
+    yield_phrase: str = DEFAULT_YIELD_PHRASE
     tools: tuple[ToolSpec, ...] = ()
     builtins: Builtins = Builtins()
     sip_headers: tuple[str, ...] = ()
@@ -186,7 +193,7 @@ class _Reader:
             if tool_name in names[:i]:
                 raise self.fail(f"tool {tool_name!r} is declared twice", "tools", i)
         builtins = self.builtins(data.get("builtins", {}))
-        for template_key in ("system_prompt", "greeting", "hold_phrase"):
+        for template_key in ("system_prompt", "greeting", "hold_phrase", "yield_phrase"):
             self._string(data, template_key, "")  # type-checked here, placeholders below
         return Agent(
             name=name,
@@ -194,6 +201,7 @@ class _Reader:
             greeting=self._string(data, "greeting", ""),
             hold_phrase=self._string(data, "hold_phrase", ""),
             hold_after_ms=hold_after,
+            yield_phrase=self._string(data, "yield_phrase", DEFAULT_YIELD_PHRASE),
             tools=tools,
             builtins=builtins,
             sip_headers=tuple(headers),
@@ -301,4 +309,9 @@ def load_agents(values: tuple[str, ...], system_prompt: str, greeting: str) -> d
 
 
 def template_names(agent: Agent) -> set[str]:
-    return placeholders(agent.system_prompt) | placeholders(agent.greeting) | placeholders(agent.hold_phrase)
+    return (
+        placeholders(agent.system_prompt)
+        | placeholders(agent.greeting)
+        | placeholders(agent.hold_phrase)
+        | placeholders(agent.yield_phrase)
+    )

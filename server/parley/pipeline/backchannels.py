@@ -63,6 +63,53 @@ def is_lone_filler(text: str) -> bool:
     return len(words) == 1 and words[0] in TURN_OPENING_FILLERS
 
 
+# Asking the agent to wait, and nothing more: the caller holds the floor. There is nothing to answer, and
+# the agent says its `yield_phrase` instead of asking the model (pipeline/replying.py).
+_FLOOR_HOLDS = frozenset(
+    _phrase(text)
+    for text in (
+        "wait",
+        "stop",
+        "hold on",
+        "hang on",
+        "one moment",
+        "one second",
+        "one sec",
+        "just a moment",
+        "just a second",
+        "just a sec",
+        "wait a moment",
+        "wait a second",
+        "wait a sec",
+        "wait a minute",
+        "hold on a moment",
+        "hold on a second",
+        "hang on a second",
+        "give me a moment",
+        "give me a second",
+    )
+)
+_BEFORE_A_HOLD = frozenset(_phrase("uh um er erm oh ah no okay ok sorry please"))
+_AFTER_A_HOLD = frozenset(_phrase("please sorry"))
+
+
+def holds_the_floor(text: str) -> bool:
+    """Whether the caller only asked the agent to wait: "Wait.", "Uh, hold on, please.", "No, stop, stop."
+    ("Wait, what?" and "Stop the order." ask something)."""
+    words = list(_phrase(_ANNOTATION.sub(" ", text)))
+    while words and words[0] in _BEFORE_A_HOLD:
+        words.pop(0)
+    while words and words[-1] in _AFTER_A_HOLD:
+        words.pop()
+    # one hold, or the same said again ("wait, wait")
+    return any(
+        tuple(words[:size]) in _FLOOR_HOLDS
+        and len(words) % size == 0
+        and all(words[i : i + size] == words[:size] for i in range(0, len(words), size))
+        for size in range(1, len(words) + 1)
+    )
+
+
 @dataclass(frozen=True)
 class Verdict:
     backchannel: bool

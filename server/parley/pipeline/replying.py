@@ -13,6 +13,8 @@ again with the results. What a tool may do depends on whether the turn can still
 - A tool without side effects runs at once, even for a turn still being spoken (speculatively).
 
 A tool that takes longer than the agent's `hold_after_ms` makes the agent say its `hold_phrase`, once.
+A turn that only asks the agent to wait ("Wait.", "Hold on.") gets the agent's `yield_phrase`, not the
+model's reply: there is nothing to answer, and a small model answered it with a refusal.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from parley.agent.tools import ToolResult, ToolRunner, error_result
 from parley.engines.llm import LlmEngine
 from parley.engines.toolcalls import ToolCall
 from parley.log import event
+from parley.pipeline.backchannels import holds_the_floor
 from parley.pipeline.messages import ReplyText, Response, Tag, Transcript
 from parley.pipeline.queues import StageQueue
 from parley.pipeline.reopening import ReopenWindow
@@ -97,7 +100,13 @@ class LlmStage(Stage[Transcript]):
         reply = _Reply(self, response)
         offered = [spec.as_openai() for spec in self.tools().values()] or None
         stable = getattr(self.llm, "reuses_prefixes", False)
+        yielding = self.reply_ctx.agent.yield_phrase
         try:
+            if yielding and holds_the_floor(item.text):
+                # "Wait." / "Hold on.": nothing to answer; the floor is the caller's (agent/agentfile.py).
+                event(log, "floor_yielded", call_id=self.ctx.call_id, turn_id=tag.turn_id)
+                reply.put(render(yielding, self.reply_ctx.variables()))
+                return
             for round_number in range(MAX_TOOL_ROUNDS + 1):
                 messages = self.ctx.conversation.messages_for(tag.turn_id, stable_prefix=stable)
                 last_round = round_number == MAX_TOOL_ROUNDS
