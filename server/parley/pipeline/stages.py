@@ -369,6 +369,8 @@ class TtsStage(Stage[ReplyText]):
         while True:
             # The next stretch is computed when it will soon be heard (pipeline/pacing.py).
             self._pace(response)
+            if self.ctx.is_stale(response.tag):
+                return
             pcm = next(stretches, None)
             if pcm is None:
                 break
