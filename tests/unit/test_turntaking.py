@@ -168,6 +168,13 @@ def test_long_speech_over_the_agent_interrupts_and_starts_a_turn(setup) -> None:
     assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]
 
 
+def checked_over_the_agent(taker: TurnTaker, control: Control, speech_ms: float = 320) -> None:
+    """Speech over the talking agent, then the silence after which the backchannel check is asked."""
+    control.active = True
+    feed(taker, 0.9, speech_ms)
+    feed(taker, 0.0, 64)
+
+
 def answer(taker: TurnTaker, control: Control, backchannel: bool, text: str, *, which: int = -1) -> None:
     """The backchannel check's verdict on a request it was asked, as the VAD queue delivers it."""
     request = control.checks[which][0]
@@ -191,9 +198,7 @@ def test_short_speech_over_the_agent_is_checked_without_waiting_and_chunks_keep_
 
 def test_a_backchannel_resumes_the_agent_once_its_silence_is_a_blips(setup) -> None:  # type: ignore[no-untyped-def]
     taker, control, _ = setup
-    control.active = True
-    feed(taker, 0.9, 320)
-    feed(taker, 0.0, 64)
+    checked_over_the_agent(taker, control)
     answer(taker, control, True, "Oh wow.")
     assert "resume" not in control.log  # 64 ms of silence: the caller may go on
     feed(taker, 0.0, 128)
@@ -247,9 +252,7 @@ def test_no_verdict_in_time_lets_the_caller_have_the_turn(setup) -> None:  # typ
 
 def test_after_a_lone_uh_the_agent_waits_longer_before_resuming(setup) -> None:  # type: ignore[no-untyped-def]
     taker, control, _ = setup
-    control.active = True
-    feed(taker, 0.9, 320)
-    feed(taker, 0.0, 64)
+    checked_over_the_agent(taker, control)
     answer(taker, control, True, "Uh...")
     feed(taker, 0.0, 288)  # past a blip's silence: an "okay" would have resumed it by now
     assert "resume" not in control.log
@@ -259,9 +262,7 @@ def test_after_a_lone_uh_the_agent_waits_longer_before_resuming(setup) -> None: 
 
 def test_words_after_a_lone_uh_cut_the_agent_without_resuming_it_first(setup) -> None:  # type: ignore[no-untyped-def]
     taker, control, _ = setup
-    control.active = True
-    feed(taker, 0.9, 320)  # "uh,"
-    feed(taker, 0.0, 64)
+    checked_over_the_agent(taker, control)  # "uh,"
     answer(taker, control, True, "Uh...")
     feed(taker, 0.0, 160)  # the comma's pause
     feed(taker, 0.9, 320)  # "wait"
@@ -273,9 +274,7 @@ def test_words_after_a_lone_uh_cut_the_agent_without_resuming_it_first(setup) ->
 
 def test_a_verdict_for_a_decided_candidate_changes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
     taker, control, _ = setup
-    control.active = True
-    feed(taker, 0.9, 320)
-    feed(taker, 0.0, 64)
+    checked_over_the_agent(taker, control)
     feed(taker, 0.9, 800)  # long speech: a barge-in without waiting for the check
     assert control.log.count("interrupt") == 1
     answer(taker, control, True, "Uh.", which=0)

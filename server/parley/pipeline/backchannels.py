@@ -51,6 +51,11 @@ def _phrase(text: str) -> tuple[str, ...]:
     return tuple(fold(w) for w in normalise_words(text).split())
 
 
+def _heard_words(text: str) -> tuple[str, ...]:
+    """The folded words of what Whisper wrote, its annotations ("[laughs]", "(coughs)") left out."""
+    return _phrase(_ANNOTATION.sub(" ", text))
+
+
 # Hesitations that, said alone over the agent, often open the caller's turn ("uh, | wait"): the agent
 # waits a little longer before it resumes after one (`filler_silence_ms`). Acknowledgements ("yeah",
 # "mm-hmm") ask it to go on, and an "oh" as often says "I see".
@@ -59,7 +64,7 @@ TURN_OPENING_FILLERS = frozenset(("uh", "um", "er", "erm"))
 
 def is_lone_filler(text: str) -> bool:
     """Whether Whisper heard one hesitation and nothing else ("Uh...", "Umm.")."""
-    words = _phrase(_ANNOTATION.sub(" ", text))
+    words = _heard_words(text)
     return len(words) == 1 and words[0] in TURN_OPENING_FILLERS
 
 
@@ -89,25 +94,21 @@ _FLOOR_HOLDS = frozenset(
         "give me a second",
     )
 )
-_BEFORE_A_HOLD = frozenset(_phrase("uh um er erm oh ah no okay ok sorry please"))
+_BEFORE_A_HOLD = TURN_OPENING_FILLERS | frozenset(_phrase("oh ah no okay ok sorry please"))
 _AFTER_A_HOLD = frozenset(_phrase("please sorry"))
 
 
 def holds_the_floor(text: str) -> bool:
     """Whether the caller only asked the agent to wait: "Wait.", "Uh, hold on, please.", "No, stop, stop."
     ("Wait, what?" and "Stop the order." ask something)."""
-    words = list(_phrase(_ANNOTATION.sub(" ", text)))
+    words = list(_heard_words(text))
     while words and words[0] in _BEFORE_A_HOLD:
         words.pop(0)
     while words and words[-1] in _AFTER_A_HOLD:
         words.pop()
+    said = tuple(words)
     # one hold, or the same said again ("wait, wait")
-    return any(
-        tuple(words[:size]) in _FLOOR_HOLDS
-        and len(words) % size == 0
-        and all(words[i : i + size] == words[:size] for i in range(0, len(words), size))
-        for size in range(1, len(words) + 1)
-    )
+    return bool(said) and any(said == hold * (len(said) // len(hold)) for hold in _FLOOR_HOLDS)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ class BackchannelJudge:
 
     def judge(self, heard: Transcription, speech_ms: float) -> Verdict:
         """`speech_ms`: how much of the audio the VAD took for speech."""
-        words = self._taken_apart(_phrase(_ANNOTATION.sub(" ", heard.text)))
+        words = self._taken_apart(_heard_words(heard.text))
         if not words:
             return Verdict(True, "no words", heard.text)
         if self.only_backchannels(words):

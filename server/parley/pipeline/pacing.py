@@ -3,8 +3,8 @@
 A reply plays in real time; Piper makes it ten times faster (~0.1 core-second per second of audio
 here). Made flat out, a reply the caller cuts a second in has had all of it made for nothing (0.75
 core-seconds for a two-sentence reply), and a long one takes the cores while another call's question
-waits. So the TTS stage synthesises at most `speak_ahead_ms` ahead of what the caller
-has heard. The LLM is not paced: llama.cpp decodes every reply's next token in one step, and a reply
+waits. So the TTS stage synthesises at most `speak_ahead_ms` ahead of what the caller has heard.
+The LLM is not paced: llama.cpp decodes every reply's next token in one step, and a reply
 held back leaves those steps to decode alone (pacing it too measured no better and cost more CPU).
 """
 
