@@ -51,7 +51,12 @@ class ScriptedStt:
         self.calls: list[float] = []
 
     def transcribe(
-        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+        self,
+        audio: np.ndarray,
+        *,
+        urgent: bool = False,
+        wanted: Callable[[], bool] | None = None,
+        weigh: tuple[str, ...] = (),
     ) -> Transcription:
         if wanted is not None and not wanted():
             raise SttCancelled("no longer wanted")
@@ -179,10 +184,15 @@ class FaultyStt(ScriptedStt):
         self.fault = fault
 
     def transcribe(
-        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+        self,
+        audio: np.ndarray,
+        *,
+        urgent: bool = False,
+        wanted: Callable[[], bool] | None = None,
+        weigh: tuple[str, ...] = (),
     ) -> Transcription:
         self.fault.strike("stt")
-        return super().transcribe(audio, urgent=urgent, wanted=wanted)
+        return super().transcribe(audio, urgent=urgent, wanted=wanted, weigh=weigh)
 
 
 class FaultyLlm(ScriptedLlm):

@@ -141,7 +141,7 @@ class Call:
                 self,
                 self.backchannel_in,
                 engines.stt,
-                BackchannelJudge(settings.backchannels, settings.backchannel_min_logprob),
+                BackchannelJudge.for_settings(settings),
                 self.vad_in,
             ),
             LlmStage(self, self.llm_in, engines.llm, self.tts_in),

@@ -143,6 +143,14 @@ class TurnSettings:
             "turns",
         ),
     )
+    backchannel_command_odds: float = field(
+        default=0.01,
+        metadata=_opt(
+            "a backchannel Whisper thought at least this likely to begin with 'stop', 'wait', 'hold' "
+            "or 'hang' interrupts the agent: over a phone line a 'stop' is often written 'Uh...' (0: off)",
+            "turns",
+        ),
+    )
     backchannel_wait_ms: int = field(
         default=2000,
         metadata=_opt("the paused agent waits this long for the backchannel check, then yields", "turns"),

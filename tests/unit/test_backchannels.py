@@ -10,9 +10,15 @@ import pytest
 
 from parley.config import Settings
 from parley.engines.stt import Transcription
-from parley.pipeline.backchannels import BackchannelJudge, fold, holds_the_floor, is_lone_filler
+from parley.pipeline.backchannels import (
+    COMMAND_WORDS,
+    BackchannelJudge,
+    fold,
+    holds_the_floor,
+    is_lone_filler,
+)
 
-JUDGE = BackchannelJudge(Settings().backchannels, Settings().backchannel_min_logprob)
+JUDGE = BackchannelJudge.for_settings(Settings())
 
 
 def heard(text: str, logprob: float = -0.8) -> Transcription:
@@ -93,6 +99,22 @@ def test_one_short_word_whisper_barely_believes_is_a_sound() -> None:
     assert not JUDGE.judge(heard("please stop", -1.9), 448).backchannel  # more words: words
     # "hold on" as Whisper heard it over WebRTC: unsure, but too long to be a sound.
     assert not JUDGE.judge(heard("Oda.", -1.52), 736).backchannel
+
+
+def test_a_filler_whisper_thought_might_be_stop_stops_the_agent() -> None:
+    # Over G.711, an espeak-ng "stop" written "Uh..." with 2.7 % odds on "Stop"; a real "uh" gives it 0.3 %
+    # at most (bench backchannels).
+    def uh(odds: dict[str, float]) -> Transcription:
+        return Transcription("Uh...", 0.3, 0.3, -1.4, weighed=odds)
+
+    verdict = JUDGE.judge(uh({"stop": 0.027, "wait": 0.0}), 300)
+    assert not verdict.backchannel and verdict.reason == "command odds"
+    assert not JUDGE.judge(Transcription("Oh.", 0.3, 0.3, -0.9, weighed={"wait": 0.05}), 300).backchannel
+    assert JUDGE.judge(uh({"stop": 0.003, "wait": 0.001}), 300).backchannel
+    assert JUDGE.judge(uh({}), 300).backchannel  # not weighed: judged by its words
+    assert JUDGE.weigh == COMMAND_WORDS
+    off = BackchannelJudge(Settings().backchannels, -1.5, min_command_odds=0.0)
+    assert off.weigh == () and off.judge(uh({"stop": 0.5}), 300).backchannel
 
 
 def test_spelling_variants_fold_together() -> None:

@@ -19,7 +19,7 @@ def padded(pcm: np.ndarray) -> np.ndarray:
 
 
 def talking(whisper: SttEngine, settings: Settings) -> TalkingAgent:
-    return TalkingAgent(whisper, BackchannelJudge(settings.backchannels, settings.backchannel_min_logprob))
+    return TalkingAgent(whisper, BackchannelJudge.for_settings(settings))
 
 
 def test_a_word_is_checked_once_after_the_silence_the_settings_ask_for(whisper: SttEngine) -> None:
@@ -50,3 +50,23 @@ def test_speech_after_a_pause_is_checked_again_wideband_and_over_g711(whisper: S
     agent = talking(whisper, settings)
     heard_over_the_agent(padded(np.zeros(PIPELINE_RATE // 2, dtype=np.int16)), vad, agent, settings)
     assert agent.checks == [] and agent.decisions == []
+
+
+def test_a_stop_whisper_writes_as_a_filler_over_g711_still_stops_the_agent(whisper: SttEngine) -> None:
+    # espeak-ng's "stop" over G.711, at this phase, is written "Uh..." with 2.7 % odds on "Stop" (the miss
+    # `bench backchannels` counted); its "uh" gives "Stop" under 0.1 %.
+    vad = load_vad(Settings())
+    settings = Settings()
+    outcomes = {}
+    for word in ("stop", "uh"):
+        agent = talking(whisper, settings)
+        heard_over_the_agent(padded(over_the_phone(espeak(word))), vad, agent, settings)
+        assert agent.checks, word  # the check ran: this is not a blip the VAD never heard
+        outcomes[word] = (agent.decisions, agent.heard, agent.command_odds)
+    stop, uh = outcomes["stop"], outcomes["uh"]
+    assert "cut" in stop[0], stop
+    assert "cut" not in uh[0] and max(uh[2]) < settings.backchannel_command_odds, uh
+    # without the odds, the same "stop" goes unheard: the path under test is the one that stopped it
+    agent = talking(whisper, Settings(backchannel_command_odds=0))
+    heard_over_the_agent(padded(over_the_phone(espeak("stop"))), vad, agent, settings)
+    assert "cut" not in agent.decisions, (agent.heard, agent.command_odds)

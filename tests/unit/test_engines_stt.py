@@ -178,6 +178,38 @@ def test_the_same_audio_gives_the_same_transcript_alone_or_batched(
         assert together[phrase].avg_logprob == pytest.approx(alone[phrase].avg_logprob, abs=1e-3)
 
 
+def test_weighing_first_words_changes_no_transcript_alone_or_batched(
+    one_worker: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stt = one_worker
+    weighed_phrase = "please call me back tomorrow morning"
+    weigh = ("please", "stop", "wait")
+    alone = {phrase: stt.transcribe(voices[phrase]) for phrase in PHRASES}
+    batch_sizes: list[int] = []
+    watch(monkeypatch, stt, "_generate", lambda windows: batch_sizes.append(len(windows)))
+    together: dict[str, Transcription] = {}
+    barrier = threading.Barrier(len(PHRASES))
+
+    def call(phrase: str) -> None:
+        barrier.wait()
+        together[phrase] = stt.transcribe(voices[phrase], weigh=weigh if phrase == weighed_phrase else ())
+
+    threads = [threading.Thread(target=call, args=(p,)) for p in PHRASES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert max(batch_sizes) > 1, batch_sizes
+    for phrase in PHRASES:
+        assert together[phrase].text == alone[phrase].text
+        assert alone[phrase].weighed == {}
+    odds = together[weighed_phrase].weighed
+    assert set(odds) == set(weigh)
+    assert odds["please"] > 0.5 and together[weighed_phrase].odds_of(("stop", "wait")) < 0.01, odds
+    assert [together[p].weighed for p in PHRASES if p != weighed_phrase] == [{}, {}]
+
+
 def test_silence_and_noise_give_empty_text(stt: WhisperStt) -> None:
     rng = np.random.default_rng(0)
     noise = (rng.normal(0.0, 0.01, 16000 * 2) * 32767).astype(np.int16)

@@ -190,10 +190,15 @@ class RecordingStt(ScriptedStt):
         self.heard: list[np.ndarray] = []
 
     def transcribe(
-        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+        self,
+        audio: np.ndarray,
+        *,
+        urgent: bool = False,
+        wanted: Callable[[], bool] | None = None,
+        weigh: tuple[str, ...] = (),
     ) -> Transcription:
         self.heard.append(audio)
-        return super().transcribe(audio, urgent=urgent, wanted=wanted)
+        return super().transcribe(audio, urgent=urgent, wanted=wanted, weigh=weigh)
 
 
 @pytest.fixture

@@ -58,6 +58,7 @@ class TalkingAgent:
         self.checks: list[tuple[np.ndarray, float]] = []  # (audio, speech_ms) asked
         self.heard: list[str] = []
         self.logprobs: list[float] = []  # how sure Whisper was of each (its mean token log-probability)
+        self.command_odds: list[float] = []  # the odds it gave a command word ("stop") to open each
         self.due: list[tuple[float, BargeVerdict]] = []  # (when it is delivered, the verdict)
         self.now = 0.0
 
@@ -75,11 +76,12 @@ class TalkingAgent:
         self.talking = False
 
     def check_backchannel(self, request: int, audio: np.ndarray, speech_ms: float) -> None:
-        heard = self.stt.transcribe(audio, urgent=True)
+        heard = self.stt.transcribe(audio, urgent=True, weigh=self.judge.weigh)
         verdict = self.judge.judge(heard, speech_ms)
         self.checks.append((audio, speech_ms))
         self.heard.append(heard.text)
         self.logprobs.append(round(heard.avg_logprob, 2))
+        self.command_odds.append(round(heard.odds_of(self.judge.weigh), 4))
         self.due.append(
             (self.now + heard.seconds, BargeVerdict(request, verdict.backchannel, verdict.reason, heard))
         )
@@ -133,6 +135,7 @@ def judge_sound(
         "phase_ms": round(1000 * phase / PIPELINE_RATE),
         "heard": agent.heard,
         "logprobs": agent.logprobs,
+        "command_odds": agent.command_odds,
         "outcome": outcome,
     }
 
@@ -143,7 +146,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = settings_from_flags(list(args.server_arg))
     vad, stt = load_vad(settings), load_stt(settings)
-    judge = BackchannelJudge(settings.backchannels, settings.backchannel_min_logprob)
+    judge = BackchannelJudge.for_settings(settings)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     try:

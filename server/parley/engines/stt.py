@@ -17,11 +17,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -75,15 +75,28 @@ class Transcription:
     no_speech_prob: float
     seconds: float
     avg_logprob: float = 0.0  # Whisper's mean token log-probability: how sure it is of the words
+    # For each word `transcribe` was asked to weigh: how likely Whisper thought the text began with it,
+    # whatever it wrote (over a phone line a "stop" may be written "Uh..." yet keep some of its odds).
+    weighed: Mapping[str, float] = field(default_factory=dict)
+
+    def odds_of(self, words: Iterable[str]) -> float:
+        """The best odds Whisper gave any of `words` (weighed) to begin the text; 0 for one not weighed."""
+        return max((self.weighed.get(word, 0.0) for word in words), default=0.0)
 
 
 class SttEngine(Protocol):
     def transcribe(
-        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+        self,
+        audio: np.ndarray,
+        *,
+        urgent: bool = False,
+        wanted: Callable[[], bool] | None = None,
+        weigh: tuple[str, ...] = (),
     ) -> Transcription:
         """`urgent`: ahead of the utterances already waiting (a paused agent is waiting for it).
         `wanted`: asked before the audio is worked on; False then raises SttCancelled (a speculative
-        reply cancelled while it waited its turn costs nothing)."""
+        reply cancelled while it waited its turn costs nothing).
+        `weigh`: lowercase words whose odds of beginning the text come back in `weighed`."""
         ...
 
 
@@ -99,6 +112,7 @@ class _Decoded:
     segments: tuple[_Segment, ...]
     no_speech_prob: float
     avg_logprob: float
+    weighed: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,6 +120,7 @@ class _Window:
     features: np.ndarray  # (n_mels, frames), already padded with a second of silence
     seconds: float  # real audio in the window, without the padding
     wanted: Callable[[], bool] | None = None
+    weigh: tuple[str, ...] = ()
     future: Future[_Decoded] = field(default_factory=Future)
 
     def still_wanted(self) -> bool:
@@ -216,6 +231,7 @@ class WhisperStt:
         self._transcribe = token("<|transcribe|>")
         self._timestamp_begin = token("<|notimestamps|>") + 1
         self._max_batch = max(1, max_batch)
+        self._tokens_of: dict[str, tuple[int, ...]] = {}
         # (priority, order, window): urgent windows first, then in order; the stop sentinels (None) last.
         self._queue: queue.PriorityQueue[tuple[int, int, _Window | None]] = queue.PriorityQueue()
         self._order = itertools.count()
@@ -230,7 +246,12 @@ class WhisperStt:
     # Caller side
 
     def transcribe(
-        self, audio: np.ndarray, *, urgent: bool = False, wanted: Callable[[], bool] | None = None
+        self,
+        audio: np.ndarray,
+        *,
+        urgent: bool = False,
+        wanted: Callable[[], bool] | None = None,
+        weigh: tuple[str, ...] = (),
     ) -> Transcription:
         started = time.perf_counter()
         samples = to_float32(np.asarray(audio)).reshape(-1)
@@ -239,6 +260,7 @@ class WhisperStt:
         texts: list[str] = []
         logprobs: list[float] = []
         no_speech = 1.0
+        weighed: Mapping[str, float] = {}
         start = 0
         while samples.size - start >= MIN_SAMPLES:
             last = samples.size - start <= WINDOW_SAMPLES
@@ -247,9 +269,13 @@ class WhisperStt:
             # Feature extraction is numpy work: doing it here spreads it over the callers' threads.
             padding = max(TAIL_PADDING, MIN_CONTEXT_SAMPLES - chunk.size)
             features = self._model.feature_extractor(chunk, padding=padding)[:, :MAX_FRAMES]
-            window = _Window(features.astype(np.float32), chunk.size / SAMPLE_RATE, wanted)
+            # Only the first window can begin the text.
+            window = _Window(
+                features.astype(np.float32), chunk.size / SAMPLE_RATE, wanted, weigh if start == 0 else ()
+            )
             self._submit(window, urgent)
             decoded = window.future.result()
+            weighed = weighed or decoded.weighed
             no_speech = min(no_speech, decoded.no_speech_prob)
             logprobs.append(decoded.avg_logprob)
             # Like Whisper's own long-form loop: a segment the window cut off is decoded again from its
@@ -269,7 +295,7 @@ class WhisperStt:
             start = start + int(resume * SAMPLE_RATE) if resuming else end
         text = " ".join(t for t in texts if t)[:MAX_TEXT_CHARS]
         avg_logprob = sum(logprobs) / len(logprobs) if logprobs else 0.0
-        return Transcription(text, no_speech, time.perf_counter() - started, avg_logprob)
+        return Transcription(text, no_speech, time.perf_counter() - started, avg_logprob, weighed)
 
     def _submit(self, window: _Window, urgent: bool = False) -> None:
         # Under the lock so that nothing is queued behind the workers' stop sentinels.
@@ -372,6 +398,7 @@ class WhisperStt:
                 languages = [ranked[0][0] for ranked in self._whisper.detect_language(view)]
             prompts = [[self._sot, self._tokenizer.token_to_id(lang), self._transcribe] for lang in languages]
         longest = max(w.seconds for w in windows)
+        weighing = any(w.weigh for w in windows)
         # Speech rarely exceeds 4 tokens a second (plus two timestamps a segment): the bound stops a
         # hallucination loop early without ever cutting real speech.
         max_length = min(224, len(prompts[0]) + 10 + int(8 * longest))
@@ -382,12 +409,15 @@ class WhisperStt:
             max_length=max_length,
             return_scores=True,
             return_no_speech_prob=True,
+            return_logits_vocab=weighing,  # every step's, for the batch: only when a check is in it
             suppress_blank=True,
         )
         out = []
-        for result in results:
+        for window, result in zip(windows, results, strict=True):
             score = float(result.scores[0]) if result.scores else 0.0
-            out.append(_Decoded(self._segments(result.sequences_ids[0]), float(result.no_speech_prob), score))
+            segments = self._segments(result.sequences_ids[0])
+            weighed = self._first_word_odds(window, result) if weighing else {}
+            out.append(_Decoded(segments, float(result.no_speech_prob), score, weighed))
         event(
             log,
             "stt_batch",
@@ -397,6 +427,31 @@ class WhisperStt:
             seconds=round(time.perf_counter() - started, 3),
         )
         return out
+
+    def _first_word_odds(self, window: _Window, result: Any) -> dict[str, float]:
+        """The odds Whisper gave each word `window` weighs to be the first it wrote: its distribution over
+        text tokens where the decode wrote its first one."""
+        ids = result.sequences_ids[0]
+        first = next((i for i, token in enumerate(ids) if token < self._eot), None)
+        if not window.weigh or first is None or first >= len(result.logits[0]):
+            return {}
+        logits = np.asarray(result.logits[0][first], dtype=np.float64).reshape(-1)[: self._eot]
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        return {word: float(sum(p[t] for t in self._word_tokens(word))) for word in window.weigh}
+
+    def _word_tokens(self, word: str) -> tuple[int, ...]:
+        """The tokens that write `word` whole at the start of a text: " Stop" and " stop"; none when
+        the word takes more than one token (its first piece would stand for other words too)."""
+        tokens = self._tokens_of.get(word)
+        if tokens is None:
+            spelt = {
+                tuple(self._tokenizer.encode(f" {form}", add_special_tokens=False).ids)
+                for form in (word.capitalize(), word)
+            }
+            tokens = tuple(ids[0] for ids in spelt if len(ids) == 1)
+            self._tokens_of[word] = tokens
+        return tokens
 
     def _segments(self, ids: list[int]) -> tuple[_Segment, ...]:
         """Split a timestamped decode (<|t0|> text <|t1|><|t1|> text <|t2|> ...) into segments."""

@@ -16,7 +16,11 @@ as an "uh"). The agent goes on when Whisper heard:
   clipped "yeah" ("the", -1.9). Longer speech is words however unsure Whisper is: a "hold on" it heard
   as "Oda." (-1.5) must still stop the agent.
 
-Anything else is the caller talking, filler words first or not ("uh, wait" is "wait").
+Anything else is the caller talking, filler words first or not ("uh, wait" is "wait"). And one of these
+is too, when Whisper gave a word that stops the agent (`COMMAND_WORDS`) at least `min_command_odds` to be
+the first it wrote: over G.711 a "stop" loses its "s" and its "p", and Whisper often writes "Uh..." or
+"Oh." for it, yet keeps some odds on "Stop" (0.5-16 %, against at most 0.3 % for any real filler,
+backchannel, laugh or cough; `bench backchannels` on 8 espeak-ng voices and Piper's).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 from parley.engines.stt import Transcription
 from parley.text import normalise_words
+from parley.turn_settings import TurnSettings
 
 _ANNOTATION = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|♪+")
 _REPEATS = re.compile(r"(.)\1+")
@@ -111,24 +116,41 @@ def holds_the_floor(text: str) -> bool:
     return bool(said) and any(said == hold * (len(said) // len(hold)) for hold in _FLOOR_HOLDS)
 
 
+# Words that take the floor at once, and which Whisper may write as a filler over a phone line.
+COMMAND_WORDS = ("stop", "wait", "hold", "hang")
+
+
 @dataclass(frozen=True)
 class Verdict:
     backchannel: bool
-    reason: str  # "no words", "backchannel", "unsure", "words"
+    reason: str  # "no words", "backchannel", "no content", "unsure", "words", "command odds"
     heard: str  # the words Whisper heard, as it wrote them
 
 
 class BackchannelJudge:
     """Decides, from a transcription, whether speech over the agent was a backchannel. Thread-safe."""
 
-    def __init__(self, phrases: Iterable[str], min_logprob: float) -> None:
+    def __init__(self, phrases: Iterable[str], min_logprob: float, min_command_odds: float = 0.0) -> None:
         self._phrases = {p for p in (_phrase(text) for text in phrases) if p}
         self._longest = max((len(p) for p in self._phrases), default=1)
         self._pieces = {p[0] for p in self._phrases if len(p) == 1 and len(p[0]) >= RUN_TOGETHER_MIN_PIECE}
         self.min_logprob = min_logprob
+        self.min_command_odds = min_command_odds
+        # What the transcription must weigh for this judge (engines/stt.py: `transcribe(weigh=...)`).
+        self.weigh = COMMAND_WORDS if min_command_odds > 0 else ()
+
+    @classmethod
+    def for_settings(cls, settings: TurnSettings) -> BackchannelJudge:
+        return cls(settings.backchannels, settings.backchannel_min_logprob, settings.backchannel_command_odds)
 
     def judge(self, heard: Transcription, speech_ms: float) -> Verdict:
         """`speech_ms`: how much of the audio the VAD took for speech."""
+        verdict = self._by_words(heard, speech_ms)
+        if verdict.backchannel and self.weigh and heard.odds_of(self.weigh) >= self.min_command_odds:
+            return Verdict(False, "command odds", heard.text)
+        return verdict
+
+    def _by_words(self, heard: Transcription, speech_ms: float) -> Verdict:
         words = self._taken_apart(_heard_words(heard.text))
         if not words:
             return Verdict(True, "no words", heard.text)

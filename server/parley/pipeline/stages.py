@@ -271,7 +271,7 @@ class BackchannelStage(Stage[BackchannelQuery]):
     def handle(self, item: BackchannelQuery) -> None:
         if self.inbox.any(lambda _: True):
             return  # a newer query holds all this one's audio and more: the turn-taker waits for that one
-        heard = self.stt.transcribe(item.audio, urgent=True)
+        heard = self.stt.transcribe(item.audio, urgent=True, weigh=self.judge.weigh)
         verdict = self.judge.judge(heard, item.speech_ms)
         event(
             log,
@@ -281,6 +281,7 @@ class BackchannelStage(Stage[BackchannelQuery]):
             reason=verdict.reason,
             text=heard.text,
             logprob=round(heard.avg_logprob, 2),
+            command_odds=round(heard.odds_of(self.judge.weigh), 4),
             stt_s=round(heard.seconds, 3),
         )
         self.verdicts.put(BargeVerdict(item.request, verdict.backchannel, verdict.reason, heard))
