@@ -43,12 +43,20 @@ class LoudnessVad:
 
 
 class ScriptedStt:
-    """Answers `text_for(duration_s)`; records what it was asked."""
+    """Answers `text_for(duration_s)`, with `odds` for the words it is asked to weigh; records what it
+    was asked."""
 
-    def __init__(self, text_for: Callable[[float], str] | None = None, delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        text_for: Callable[[float], str] | None = None,
+        delay_s: float = 0.0,
+        odds: dict[str, float] | None = None,
+    ) -> None:
         self.text_for = text_for or (lambda seconds: "hello there" if seconds > 0.25 else "")
         self.delay_s = delay_s
+        self.odds = odds or {}
         self.calls: list[float] = []
+        self.weighed: list[tuple[str, ...]] = []
 
     def transcribe(
         self,
@@ -62,8 +70,10 @@ class ScriptedStt:
             raise SttCancelled("no longer wanted")
         seconds = audio.size / 16000
         self.calls.append(seconds)
+        self.weighed.append(weigh)
         time.sleep(self.delay_s)
-        return Transcription(text=self.text_for(seconds), no_speech_prob=0.0, seconds=self.delay_s)
+        weighed = {word: self.odds.get(word, 0.0) for word in weigh}
+        return Transcription(self.text_for(seconds), 0.0, self.delay_s, weighed=weighed)
 
 
 class ScriptedLlm:

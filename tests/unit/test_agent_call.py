@@ -255,3 +255,29 @@ def test_a_caller_who_says_wait_gets_the_floor_not_a_reply(yield_phrase: str) ->
         line.stop()
         call.end("test_over")
         assert call.join(5.0)
+
+
+@pytest.mark.parametrize(("stop_odds", "floor"), [(0.04, True), (0.001, False)])
+def test_a_stop_whisper_wrote_as_uh_gets_the_floor_on_its_odds(stop_odds: float, floor: bool) -> None:
+    # Over G.711 a "stop" comes out "Uh..." with a few percent on "Stop" (a real "uh": under 0.3 %).
+    llm = ScriptedLlm(token_s=0.01, reply="I'm sorry, I didn't catch that.")
+    stt = ScriptedStt(text_for=lambda seconds: "Uh..." if seconds > 0.25 else "", odds={"stop": stop_odds})
+    config = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=300)
+    call = Call("c-stop", "test", config, make_engines(llm=llm, stt=stt), RATE, agent())
+    line = Line(call)
+    call.start()
+    line.start()
+    try:
+        line.say(np.concatenate([loud(600), quiet(500)]))
+        line.wait(lambda: line.event("agent_done") is not None)
+        done = line.event("agent_done")
+        assert done is not None
+        assert any("stop" in asked for asked in stt.weighed)  # the short turn was weighed
+        if floor:
+            assert done["text"] == "Sure, go ahead." and llm.prompts == []
+        else:
+            assert done["text"] == "I'm sorry, I didn't catch that." and len(llm.prompts) == 1
+    finally:
+        line.stop()
+        call.end("test_over")
+        assert call.join(5.0)

@@ -117,6 +117,18 @@ def test_a_filler_whisper_thought_might_be_stop_stops_the_agent() -> None:
     assert off.weigh == () and off.judge(uh({"stop": 0.5}), 300).backchannel
 
 
+def test_a_turn_asks_to_wait_in_words_or_as_a_filler_with_a_commands_odds() -> None:
+    assert JUDGE.asks_to_wait("Hold on, please.", 0.0)
+    assert JUDGE.asks_to_wait("Uh...", 0.04)  # a "stop" over G.711
+    assert JUDGE.asks_to_wait("Oh.", 0.02)
+    assert not JUDGE.asks_to_wait("Uh...", 0.001)  # a real "uh"
+    # words are the model's to answer, however Whisper weighed them ("way" gives "wait" 1-11 %)
+    assert not JUDGE.asks_to_wait("Way.", 0.1)
+    assert not JUDGE.asks_to_wait("Hang up.", 0.28)
+    off = BackchannelJudge(Settings().backchannels, -1.5, min_command_odds=0.0)
+    assert not off.asks_to_wait("Uh...", 0.5) and off.asks_to_wait("Wait.", 0.0)
+
+
 def test_spelling_variants_fold_together() -> None:
     assert fold("hmmm") == fold("hmm") == fold("hm")
     assert fold("hahaha") == fold("heh") == "ha"

@@ -150,6 +150,15 @@ class BackchannelJudge:
             return Verdict(False, "command odds", heard.text)
         return verdict
 
+    def asks_to_wait(self, text: str, command_odds: float) -> bool:
+        """Whether a turn only asks the agent to wait: in so many words ("Hold on, please."), or as a
+        filler or backchannel Whisper thought might be a "stop" or a "wait" (the turn after a "stop" over
+        G.711 that cut the agent on those odds is written "Uh..." too)."""
+        if holds_the_floor(text):
+            return True
+        words = self._taken_apart(_heard_words(text))
+        return bool(self.weigh) and command_odds >= self.min_command_odds and self.only_backchannels(words)
+
     def _by_words(self, heard: Transcription, speech_ms: float) -> Verdict:
         words = self._taken_apart(_heard_words(heard.text))
         if not words:

@@ -153,6 +153,7 @@ class EarlyUtterance:
 class Transcript:
     response: Response
     text: str
+    command_odds: float = 0.0  # the odds Whisper gave "stop", "wait"... to begin it (short turns only)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ again with the results. What a tool may do depends on whether the turn can still
 - A tool without side effects runs at once, even for a turn still being spoken (speculatively).
 
 A tool that takes longer than the agent's `hold_after_ms` makes the agent say its `hold_phrase`, once.
-A turn that only asks the agent to wait ("Wait.", "Hold on.") gets the agent's `yield_phrase`, not the
-model's reply: there is nothing to answer, and a small model answered it with a refusal.
+A turn that only asks the agent to wait ("Wait.", "Hold on.", or a "stop" Whisper wrote as "Uh..."; see
+pipeline/backchannels.py) gets the agent's `yield_phrase`, not the model's reply: there is nothing to
+answer, and a small model answered it with a refusal.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from parley.agent.tools import ToolResult, ToolRunner, error_result
 from parley.engines.llm import LlmEngine
 from parley.engines.toolcalls import ToolCall
 from parley.log import event
-from parley.pipeline.backchannels import holds_the_floor
+from parley.pipeline.backchannels import BackchannelJudge
 from parley.pipeline.messages import ReplyText, Response, Tag, Transcript
 from parley.pipeline.queues import StageQueue
 from parley.pipeline.reopening import ReopenWindow
@@ -79,6 +80,7 @@ class LlmStage(Stage[Transcript]):
         self.reply_ctx = ctx
         self.llm = llm
         self.outbox = outbox
+        self.judge = BackchannelJudge.for_settings(ctx.settings)
         self._tools: dict[str, ToolSpec] | None = None
 
     def tools(self) -> dict[str, ToolSpec]:
@@ -102,7 +104,7 @@ class LlmStage(Stage[Transcript]):
         stable = getattr(self.llm, "reuses_prefixes", False)
         yielding = self.reply_ctx.agent.yield_phrase
         try:
-            if yielding and holds_the_floor(item.text):
+            if yielding and self.judge.asks_to_wait(item.text, item.command_odds):
                 # "Wait." / "Hold on.": nothing to answer; the floor is the caller's (agent/agentfile.py).
                 event(log, "floor_yielded", call_id=self.ctx.call_id, turn_id=tag.turn_id)
                 reply.put(render(yielding, self.reply_ctx.variables()))

@@ -26,7 +26,7 @@ from parley.engines.tts import TtsEngine
 from parley.engines.turn_end import SmartTurn
 from parley.log import event
 from parley.outbound import Outbound
-from parley.pipeline.backchannels import BackchannelJudge
+from parley.pipeline.backchannels import COMMAND_WORDS, BackchannelJudge
 from parley.pipeline.history import Conversation
 from parley.pipeline.messages import (
     AudioChunk,
@@ -48,6 +48,10 @@ from parley.pipeline.segmenter import split_sentences
 from parley.pipeline.vad_stage import VadItem
 
 log = logging.getLogger(__name__)
+
+# A turn this short (preroll and trailing silence included) may be a "stop" that Whisper wrote as "Uh...":
+# its first word is weighed (pipeline/backchannels.py).
+WEIGHED_TURN_S = 2.5
 
 Item = TypeVar("Item")
 
@@ -157,7 +161,9 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
         if self.ctx.settings.debug_audio_dir:
             self._keep_audio(item)
         response.mark("stt_start")
-        result = self._transcript_ahead(item) or self.stt.transcribe(item.audio)
+        result = self._transcript_ahead(item) or self.stt.transcribe(
+            item.audio, weigh=self._weigh(item.audio)
+        )
         self._early = None
         self._answer(response, result)
 
@@ -175,12 +181,20 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
             try:
                 # A draft cancelled while its audio waits for Whisper (the caller went on) is dropped
                 # there: under load, most pauses inside a question would otherwise cost a transcription.
-                result = self.stt.transcribe(item.audio, wanted=self._wanted(draft))
+                result = self.stt.transcribe(
+                    item.audio, wanted=self._wanted(draft), weigh=self._weigh(item.audio)
+                )
             except SttCancelled:
                 return
         self._early = (item, result)
         if draft is not None:
             self._answer(draft, result)
+
+    def _weigh(self, audio: np.ndarray) -> tuple[str, ...]:
+        """A turn as short as a "stop" is asked whether it began with one, whatever Whisper wrote."""
+        if audio.size > WEIGHED_TURN_S * PIPELINE_RATE or self.ctx.settings.backchannel_command_odds <= 0:
+            return ()
+        return COMMAND_WORDS
 
     def _wanted(self, draft: Response | None) -> Callable[[], bool] | None:
         if draft is None:
@@ -218,7 +232,7 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
                 "text": result.text,
             },
         )
-        self.outbox.put(Transcript(response, result.text))
+        self.outbox.put(Transcript(response, result.text, result.odds_of(COMMAND_WORDS)))
 
     def _transcript_ahead(self, item: Utterance) -> Transcription | None:
         if self._early is None:
