@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from parley.audio import FrameSplitter, StreamResampler, first_channel, resample, rms_dbfs
-from parley.pipeline.history import Conversation
+from parley.pipeline.history import Conversation, whole_sentences
 from parley.pipeline.queues import QueueClosed, StageQueue
 from parley.pipeline.segmenter import ReplySegmenter, clean_for_speech
 
@@ -89,7 +89,7 @@ def test_prompt_holds_earlier_turns_as_heard_and_a_newer_revision_replaces_the_t
     conversation = Conversation("Be brief.")
     conversation.commit_agent("greeting", "Hello!", interrupted=False)
     conversation.set_user_text("t1", 0, "tell me a story")
-    conversation.commit_agent("t1", "Once upon", interrupted=True)
+    conversation.commit_agent("t1", "Once upon a time there was a dragon. It lived", interrupted=True)
     conversation.set_user_text("t2", 0, "what time")
     conversation.set_user_text("t2", 1, "what time is it in london")
     conversation.set_user_text("t2", 0, "stale")
@@ -97,11 +97,29 @@ def test_prompt_holds_earlier_turns_as_heard_and_a_newer_revision_replaces_the_t
         {"role": "system", "content": "Be brief."},
         {"role": "assistant", "content": "Hello!"},
         {"role": "user", "content": "tell me a story"},
-        {"role": "assistant", "content": "Once upon"},
+        {"role": "assistant", "content": "Once upon a time there was a dragon."},  # the whole sentences
         {"role": "user", "content": "what time is it in london"},
     ]
+    # the record keeps every word that was heard
+    assert conversation.snapshot()[1]["agent"] == "Once upon a time there was a dragon. It lived"
     states = {t["turn_id"]: t["agent_state"] for t in conversation.snapshot()}
     assert states == {"greeting": "committed", "t1": "interrupted", "t2": "pending"}
+
+
+def test_a_reply_cut_in_its_first_sentence_is_left_out_of_the_prompt() -> None:
+    # "A ship last time to see" of a story asked for as "Tell me a story about a ship last time to see."
+    # reads like the caller's words said back; a few of those taught the model to parrot every turn.
+    conversation = Conversation("Be brief.")
+    conversation.set_user_text("t1", 0, "Tell me a story about a ship last time to see.")
+    conversation.commit_agent("t1", "A ship last time to see", interrupted=True)
+    conversation.set_user_text("t2", 0, "Wave")
+    assert conversation.messages_for("t2") == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Tell me a story about a ship last time to see."},
+        {"role": "user", "content": "Wave"},
+    ]
+    assert whole_sentences("It was dark! The sea was") == "It was dark!"
+    assert whole_sentences("Sure.") == "Sure." and whole_sentences("") == ""
 
 
 def test_for_a_server_that_caches_prefixes_each_prompt_begins_with_the_previous_one() -> None:

@@ -19,8 +19,9 @@ as an "uh"). The agent goes on when Whisper heard:
 Anything else is the caller talking, filler words first or not ("uh, wait" is "wait"). And one of these
 is too, when Whisper gave a word that stops the agent (`COMMAND_WORDS`) at least `min_command_odds` to be
 the first it wrote: over G.711 a "stop" loses its "s" and its "p", and Whisper often writes "Uh..." or
-"Oh." for it, yet keeps some odds on "Stop" (0.5-16 %, against at most 0.3 % for any real filler,
-backchannel, laugh or cough; `bench backchannels` on 8 espeak-ng voices and Piper's).
+"Oh." for it, yet keeps some odds on "Stop" (0.3-16 %, 16 of 20 such checks at 1 % or more, against at
+most 0.3 % for any real filler, backchannel, laugh or cough; `bench backchannels`' corpus on 8
+espeak-ng voices and Piper's).
 """
 
 from __future__ import annotations

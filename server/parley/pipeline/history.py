@@ -1,4 +1,12 @@
-"""The conversation as the caller experienced it: user turns, and agent replies only as far as heard."""
+"""The conversation as the caller experienced it: user turns, and agent replies only as far as heard.
+
+The LLM's prompt gives a cut reply in the whole sentences the caller heard of it. A fragment cut mid
+sentence reads like the caller's own words said back ("A ship last time to see" of a story asked for as
+"Tell me a story about a ship last time to see."), and a few of them in its window taught Qwen2.5-0.5B
+to answer every turn with the turn itself: replayed over a carrier-stream call of 63 turns (2026-12-03),
+26 replies parroted the caller with the fragments in the prompt, 0 without. The call's record keeps
+every word that was heard.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parley.engines.llm import Message
+from parley.pipeline.segmenter import ends_sentence, split_sentences
 
 
 @dataclass
@@ -51,6 +60,14 @@ class TurnRecord:
             {"role": "tool", "tool_call_id": t["tool_call_id"], "content": t["result"]} for t in self.tools
         ]
         return messages
+
+
+def whole_sentences(text: str) -> str:
+    """The sentences of `text` that were said to their end."""
+    sentences = split_sentences(text)
+    if sentences and not ends_sentence(sentences[-1]):
+        sentences.pop()
+    return " ".join(sentences)
 
 
 class Conversation:
@@ -128,10 +145,13 @@ class Conversation:
                 if record.user_text:
                     messages.append({"role": "user", "content": record.user_text})
                 messages += record.tool_messages()
-                # What was heard, as it was heard: a marker for the cut ("…") measurably made SmolLM2
-                # copy cut-off replies into its next answers.
-                if record.agent_text and record.agent_state in ("committed", "interrupted"):
-                    messages.append({"role": "assistant", "content": record.agent_text})
+                # What was heard, as it was heard (whole sentences of a cut reply): a marker for the cut
+                # ("…") measurably made SmolLM2 copy cut-off replies into its next answers.
+                heard = record.agent_text if record.agent_state == "committed" else ""
+                if record.agent_state == "interrupted":
+                    heard = whole_sentences(record.agent_text)
+                if heard:
+                    messages.append({"role": "assistant", "content": heard})
             if current is not None and current.user_text:
                 messages.append({"role": "user", "content": current.user_text})
                 messages += current.tool_messages()
