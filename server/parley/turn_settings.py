@@ -18,8 +18,10 @@ DEFAULT_BACKCHANNELS = (
     "um",
     "er",
     "erm",
+    "em",  # "um" as Whisper writes it for some voices ("hmm" over G.711 came out "em.")
     "ah",
     "oh",
+    "o",  # "oh" as Whisper writes it for some voices ("O.")
     "ooh",
     "eh",
     "hmm",
@@ -29,6 +31,10 @@ DEFAULT_BACKCHANNELS = (
     "ha",
     # exclamations
     "wow",
+    "whoa",
+    "oh my",
+    "oh my god",
+    "oh my gosh",
     "aha",
     "really",
     "nice",
@@ -49,6 +55,7 @@ DEFAULT_BACKCHANNELS = (
     "right",
     "sure",
     "exactly",
+    "amen",  # agreement ("mm" came out "Amen." in four espeak-ng voices and Piper's)
     "i see",
     "got it",
 )

@@ -34,8 +34,14 @@ def heard(text: str, logprob: float = -0.8) -> Transcription:
         "Um.",
         "Oh.",
         "Hmmm.",
+        "em.",  # an espeak-ng "hmm" over G.711, as Whisper wrote it
         "Huh?",
         "Oh wow.",
+        "Whoa!",
+        "Oh my.",
+        "Oh my God!",
+        "O.",  # "oh" as Whisper writes it for some voices
+        "Amen.",
         "Wow!",
         "Okay.",
         "Ah, okay.",
@@ -76,6 +82,8 @@ def test_fillers_exclamations_backchannels_and_laughs_let_the_agent_go_on(text: 
         "Uh, wait.",  # filler words first: still an interruption
         "Oh, wait.",
         "Oh no.",
+        "Oh my, stop.",
+        "O, wait.",
         "Sorry.",
         "Hey.",
         "What?",
@@ -146,6 +154,7 @@ def test_the_word_list_comes_from_the_settings() -> None:
     [
         ("Uh...", True),
         ("Umm.", True),
+        ("Em...", True),
         ("uh", True),
         ("Uh uh", False),  # "uh-huh" as Whisper may write it: an acknowledgement
         ("Okay.", False),

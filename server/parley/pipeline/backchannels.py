@@ -65,7 +65,7 @@ def _heard_words(text: str) -> tuple[str, ...]:
 # Hesitations that, said alone over the agent, often open the caller's turn ("uh, | wait"): the agent
 # waits a little longer before it resumes after one (`filler_silence_ms`). Acknowledgements ("yeah",
 # "mm-hmm") ask it to go on, and an "oh" as often says "I see".
-TURN_OPENING_FILLERS = frozenset(("uh", "um", "er", "erm"))
+TURN_OPENING_FILLERS = frozenset(("uh", "um", "er", "erm", "em"))
 
 
 def is_lone_filler(text: str) -> bool:
