@@ -4,9 +4,19 @@ the call would ask them, on the real VAD's chunks."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from parley.audio import PIPELINE_RATE
-from parley.bench.backchannels import CHUNK, TalkingAgent, heard_over_the_agent, over_the_phone
+from parley.bench.backchannels import (
+    CHUNK,
+    TalkingAgent,
+    heard_over_the_agent,
+    judge_sound,
+    over_the_phone,
+    summarise,
+    voices_of,
+)
+from parley.bench.corpus import ENGLISH_VOICES, PIPER_VOICE, Sound
 from parley.bench.speech import espeak, join, silence_ms
 from parley.config import Settings
 from parley.engines.stt import SttEngine
@@ -70,3 +80,40 @@ def test_a_stop_whisper_writes_as_a_filler_over_g711_still_stops_the_agent(whisp
     agent = talking(whisper, Settings(backchannel_command_odds=0))
     heard_over_the_agent(padded(over_the_phone(espeak("stop"))), vad, agent, settings)
     assert "cut" not in agent.decisions, (agent.heard, agent.command_odds)
+
+
+def test_a_hmm_over_g711_lets_the_agent_go_on_at_every_phase(whisper: SttEngine) -> None:
+    # espeak-ng's "hmm" over G.711 was written "em." at one phase and cut the agent, until "em" was a filler
+    vad = load_vad(Settings())
+    settings = Settings()
+    judge = BackchannelJudge.for_settings(settings)
+    hmm = Sound("filler", "hmm")
+    pcm = over_the_phone(hmm.clip())
+    for step in range(8):
+        row = judge_sound(hmm, pcm, step * CHUNK // 8, vad, whisper, judge, settings)
+        assert row["outcome"] == "backchannel", row  # checked (not a blip), and the agent went on
+
+
+def test_the_summary_names_each_miss_with_its_trials_and_voices() -> None:
+    def row(said: str, kind: str, outcome: str, voice: str) -> dict[str, object]:
+        return {"said": said, "kind": kind, "outcome": outcome, "voice": voice, "line": "g711"}
+
+    rows = [
+        row("right", "backchannel", "words", "en-us"),
+        row("right", "backchannel", "words", "en-gb"),
+        row("right", "backchannel", "backchannel", "en-us"),
+        row("stop", "interruption", "backchannel", "en-us"),
+        row("stop", "interruption", "words", "en-gb"),
+        row("noise burst", "noise", "blip", ""),
+    ]
+    summary = summarise(rows, Settings(), 1.0)
+    assert summary["g711: sounds taken for words"] == "2/3 (right x2 [en-gb, en-us])"
+    assert summary["g711: interruptions taken for a backchannel"] == "1/2 (stop x1)"
+    assert summary["g711: blips (never checked, excluded)"] == 1
+
+
+def test_voices_are_named_or_all() -> None:
+    assert voices_of("en-us, en-gb") == ["en-us", "en-gb"]
+    assert voices_of("all")[-1] == PIPER_VOICE and len(voices_of("all")) == len(ENGLISH_VOICES) + 1
+    with pytest.raises(ValueError):
+        voices_of(" , ")

@@ -20,7 +20,14 @@ import numpy as np
 
 from parley.audio import PIPELINE_RATE, resample, ulaw_decode, ulaw_encode
 from parley.bench import progress, settings_from_flags
-from parley.bench.corpus import INTERRUPTIONS, NOT_INTERRUPTIONS, Sound
+from parley.bench.corpus import (
+    DEFAULT_VOICE,
+    ENGLISH_VOICES,
+    INTERRUPTIONS,
+    NOT_INTERRUPTIONS,
+    PIPER_VOICE,
+    Sound,
+)
 from parley.config import Settings
 from parley.engines.stt import SttEngine
 from parley.engines.vad import VadEngine
@@ -37,6 +44,21 @@ CHUNK = 512  # the VAD's chunk at 16 kHz (32 ms)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phases", type=int, default=8, help="offsets of each sound within a chunk")
+    parser.add_argument(
+        "--voices",
+        default=DEFAULT_VOICE,
+        help=f"comma-separated espeak-ng voices the words are said in, '{PIPER_VOICE}' for Piper's, "
+        f"or 'all' ({len(ENGLISH_VOICES)} English espeak-ng voices and Piper's); coughs and noise once",
+    )
+
+
+def voices_of(flag: str) -> list[str]:
+    if flag.strip() == "all":
+        return [*ENGLISH_VOICES, PIPER_VOICE]
+    voices = [v.strip() for v in flag.split(",") if v.strip()]
+    if not voices:
+        raise ValueError("--voices names no voice")
+    return voices
 
 
 def over_the_phone(pcm: np.ndarray) -> np.ndarray:
@@ -148,20 +170,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     vad, stt = load_vad(settings), load_stt(settings)
     judge = BackchannelJudge.for_settings(settings)
     started = time.perf_counter()
+    voices = voices_of(args.voices)
     rows: list[dict[str, Any]] = []
     try:
-        for sound in (*INTERRUPTIONS, *NOT_INTERRUPTIONS):
-            wide = sound.clip()
-            for line, pcm in (("wideband", wide), ("g711", over_the_phone(wide))):
-                for step in range(args.phases):
-                    row = judge_sound(sound, pcm, step * CHUNK // args.phases, vad, stt, judge, settings)
-                    row["line"] = line
-                    rows.append(row)
-                    heard = row.get("heard", "")
-                    progress(f"{line} {sound.label!r} +{row['phase_ms']} ms: {row['outcome']} {heard}")
+        for voice in voices:
+            for sound in (*INTERRUPTIONS, *NOT_INTERRUPTIONS):
+                if not sound.spoken and voice != voices[0]:
+                    continue  # a cough or a noise has no voice: heard once
+                wide = sound.clip(voice=voice)
+                for line, pcm in (("wideband", wide), ("g711", over_the_phone(wide))):
+                    for step in range(args.phases):
+                        phase = step * CHUNK // args.phases
+                        row = judge_sound(sound, pcm, phase, vad, stt, judge, settings)
+                        row.update(line=line, voice=voice if sound.spoken else "")
+                        rows.append(row)
+                        heard = row.get("heard", "")
+                        progress(
+                            f"{line} {voice} {sound.label!r} +{row['phase_ms']} ms: {row['outcome']} {heard}"
+                        )
     finally:
         stt.close()
-    return {"summary": summarise(rows, settings, time.perf_counter() - started), "checks": rows}
+    summary = summarise(rows, settings, time.perf_counter() - started)
+    return {"summary": {"voices": ",".join(voices), **summary}, "checks": rows}
 
 
 def summarise(rows: list[dict[str, Any]], settings: Settings, seconds: float) -> dict[str, Any]:
@@ -172,12 +202,24 @@ def summarise(rows: list[dict[str, Any]], settings: Settings, seconds: float) ->
         sounds = [r for r in mine if r["kind"] != "interruption" and r["outcome"] != "blip"]
         missed = [r for r in stops if r["outcome"] == "backchannel"]
         cut = [r for r in sounds if r["outcome"] != "backchannel"]
-        summary[f"{line}: interruptions taken for a backchannel"] = f"{len(missed)}/{len(stops)}" + (
-            f" ({', '.join(sorted({r['said'] for r in missed}))})" if missed else ""
+        summary[f"{line}: interruptions taken for a backchannel"] = f"{len(missed)}/{len(stops)}" + _which(
+            missed
         )
-        summary[f"{line}: sounds taken for words"] = f"{len(cut)}/{len(sounds)}" + (
-            f" ({', '.join(sorted({r['said'] for r in cut}))})" if cut else ""
-        )
+        summary[f"{line}: sounds taken for words"] = f"{len(cut)}/{len(sounds)}" + _which(cut)
         summary[f"{line}: blips (never checked, excluded)"] = len(mine) - len(stops) - len(sounds)
     summary["seconds"] = round(seconds, 1)
     return summary
+
+
+def _which(rows: list[dict[str, Any]]) -> str:
+    """The sounds of `rows`, each with how many of its trials there are and in which voices."""
+    if not rows:
+        return ""
+    trials: dict[str, list[str]] = {}
+    for row in rows:
+        trials.setdefault(row["said"], []).append(row.get("voice", ""))
+    named = []
+    for said, voices in sorted(trials.items()):
+        distinct = sorted({v for v in voices if v})
+        named.append(f"{said} x{len(voices)}" + (f" [{', '.join(distinct)}]" if len(distinct) > 1 else ""))
+    return f" ({'; '.join(named)})"

@@ -11,7 +11,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parley.bench.speech import cough, espeak, voiced_cough
+from parley.bench.speech import cough, espeak, piper, voiced_cough
+
+DEFAULT_VOICE = "en-us"
+# espeak-ng's English voices: accents whose vowels and stops Whisper takes differently over a phone line.
+ENGLISH_VOICES = (
+    "en-us",
+    "en-gb",
+    "en-gb-scotland",
+    "en-gb-x-rp",
+    "en-029",
+    "en-us-nyc",
+    "en-gb-x-gbclan",
+    "en-gb-x-gbcwmd",
+    "en-us+f3",
+)
+PIPER_VOICE = "piper"  # the packaged Piper voice: a person's intonation, drawn anew each time
 
 
 @dataclass(frozen=True)
@@ -19,12 +34,18 @@ class Sound:
     kind: str  # filler | exclamation | backchannel | laugh | cough | noise | interruption
     label: str  # what is said (espeak-ng text), or the name of a synthetic sound
 
-    def clip(self, seed: int = 0) -> np.ndarray:
+    def clip(self, seed: int = 0, voice: str = DEFAULT_VOICE) -> np.ndarray:
+        """The sound: words in espeak-ng's `voice`, a cough or a noise burst (no voice) drawn by `seed`."""
         if self.kind == "cough":
             return voiced_cough(250 + seed % 60, seed=seed)
         if self.kind == "noise":
             return cough(100 + seed % 50, seed=seed)
-        return espeak(self.label)
+        return piper(self.label) if voice == PIPER_VOICE else espeak(self.label, voice=voice)
+
+    @property
+    def spoken(self) -> bool:
+        """Whether the sound is words in a voice (not a synthetic cough or noise)."""
+        return self.kind not in ("cough", "noise")
 
 
 # Heard over a reply, none of these may cut it, become a turn or enter the history.
