@@ -117,3 +117,12 @@ def test_voices_are_named_or_all() -> None:
     assert voices_of("all")[-1] == PIPER_VOICE and len(voices_of("all")) == len(ENGLISH_VOICES) + 1
     with pytest.raises(ValueError):
         voices_of(" , ")
+
+
+def test_words_are_said_in_the_voice_asked_and_a_cough_in_none() -> None:
+    right = Sound("backchannel", "right")
+    assert right.spoken and not Sound("cough", "voiced cough").spoken
+    us, scots = right.clip(voice="en-us"), right.clip(voice="en-gb-scotland")
+    assert us.size > 0 and scots.size > 0 and not np.array_equal(us, scots)
+    cough = Sound("cough", "voiced cough")
+    assert np.array_equal(cough.clip(seed=3, voice="en-us"), cough.clip(seed=3, voice="en-gb"))
