@@ -1,13 +1,13 @@
 """Backchannels: what the backchannel check decides for each sound of the interruption corpus.
 
-In this process, with the service's VAD, Whisper and judge, no call: each sound (espeak-ng, or the
-synthetic cough) is heard wideband and over G.711 (8 kHz u-law, what SIP and carrier callers send), at
-`--phases` offsets against the VAD's 32 ms chunks (where a chunk boundary falls changes what the check
-is given). The service's own turn-taker (pipeline/turntaking.py) hears each sound over an agent that
-is talking, asks its checks where it would, and gets each verdict as many chunks later as Whisper took;
-a sound cuts the agent when the turn-taker cuts it at any point ("uh, | wait" may resume it, then cut
-it). Sounds it never checks are blips, counted apart. A fast companion to `bench interruption`, whose
-live trials each see one phase.
+In this process, with the service's VAD, Whisper and judge, no call: each sound (words in each of
+`--voices`, espeak-ng's or Piper's, or the synthetic cough) is heard wideband and over G.711 (8 kHz
+u-law, what SIP and carrier callers send), at `--phases` offsets against the VAD's 32 ms chunks (where a
+chunk boundary falls changes what the check is given). The service's own turn-taker
+(pipeline/turntaking.py) hears each sound over an agent that is talking, asks its checks where it would,
+and gets each verdict as many chunks later as Whisper took; a sound cuts the agent when the turn-taker
+cuts it at any point ("uh, | wait" may resume it, then cut it). Sounds it never checks are blips, counted
+apart. A fast companion to `bench interruption`, whose live trials each see one phase.
 """
 
 from __future__ import annotations

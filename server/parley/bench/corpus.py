@@ -35,7 +35,8 @@ class Sound:
     label: str  # what is said (espeak-ng text), or the name of a synthetic sound
 
     def clip(self, seed: int = 0, voice: str = DEFAULT_VOICE) -> np.ndarray:
-        """The sound: words in espeak-ng's `voice`, a cough or a noise burst (no voice) drawn by `seed`."""
+        """The sound: the words in `voice` (espeak-ng's, or `PIPER_VOICE`), or a cough or a noise burst
+        (no voice) drawn by `seed`."""
         if self.kind == "cough":
             return voiced_cough(250 + seed % 60, seed=seed)
         if self.kind == "noise":
