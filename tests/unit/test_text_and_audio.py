@@ -21,6 +21,29 @@ def test_stereo_48k_frames_become_16k_mono_without_losing_time() -> None:
     assert abs(rms_dbfs(out[2000:]) - rms_dbfs(tone)) < 1.0
 
 
+def test_a_phone_lines_8k_frames_come_out_doubled_at_once_with_the_band_kept() -> None:
+    # SIP and carrier audio: each 20 ms frame gives its 16 kHz frame at once (soxr's streams held three
+    # to six frames back), the speech band kept whole and nothing mirrored above it.
+    def level_at(pcm: np.ndarray, hz: float) -> float:
+        window = np.hanning(pcm.size)
+        spectrum = np.abs(np.fft.rfft(pcm.astype(np.float64) * window))
+        return float(spectrum[round(hz * pcm.size / 16000)] / (window.sum() / 2))
+
+    for hz in (1000, 3000):
+        tone = (np.sin(2 * np.pi * hz * np.arange(8000) / 8000) * 10000).astype(np.int16)
+        resampler = StreamResampler(8000, 16000)
+        frames = [resampler.process(tone[i : i + 160]) for i in range(0, tone.size, 160)]
+        assert {f.size for f in frames} == {320}
+        out = np.concatenate(frames)[1600:]
+        assert abs(20 * np.log10(level_at(out, hz) / 10000)) < 0.5  # the tone, at its level
+        assert level_at(out, 8000 - hz) < 10000 * 10 ** (-50 / 20)  # its image, under -50 dB
+    click = np.zeros(1600, dtype=np.int16)
+    click[800] = 20000
+    resampler = StreamResampler(8000, 16000)
+    out = np.concatenate([resampler.process(click[i : i + 160]) for i in range(0, click.size, 160)])
+    assert 0 <= int(np.argmax(out)) - 1600 < 32  # under 2 ms late
+
+
 def test_a_sentence_resampled_in_stretches_is_the_sentence_resampled_whole() -> None:
     # How the TTS stage resamples a sentence that Piper hands over a stretch at a time, cut mid-word.
     tone = (np.sin(2 * np.pi * 230 * np.arange(22050) / 22050) * 9000).astype(np.int16)

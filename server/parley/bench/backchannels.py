@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from parley.audio import PIPELINE_RATE, resample, ulaw_decode, ulaw_encode
+from parley.audio import (
+    PIPELINE_RATE,
+    StreamResampler,
+    resample,
+    samples_per_frame,
+    ulaw_decode,
+    ulaw_encode,
+)
 from parley.bench import progress, settings_from_flags
 from parley.bench.corpus import (
     DEFAULT_VOICE,
@@ -62,9 +69,13 @@ def voices_of(flag: str) -> list[str]:
 
 
 def over_the_phone(pcm: np.ndarray) -> np.ndarray:
-    """What a G.711 (u-law) line leaves of 16 kHz speech, back at 16 kHz."""
+    """What a G.711 (u-law) line leaves of 16 kHz speech, back at 16 kHz as the service hears it: in
+    20 ms frames through the call's own resampler."""
     narrow = ulaw_decode(ulaw_encode(resample(pcm, PIPELINE_RATE, 8000)))
-    return resample(narrow, 8000, PIPELINE_RATE)
+    inbound = StreamResampler(8000, PIPELINE_RATE)
+    frame = samples_per_frame(8000)
+    heard = [inbound.process(narrow[i : i + frame]) for i in range(0, narrow.size, frame)]
+    return np.concatenate([*heard, inbound.process(narrow[:0], last=True)])
 
 
 class TalkingAgent:
