@@ -55,8 +55,8 @@ def resample(pcm: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
 class StreamResampler:
     """Resamples a stream cut into frames without clicks at frame edges (keeps the filter's state).
 
-    Telephony's 8 kHz doubled to 16 kHz goes through `_Doubler`: every frame comes out at once, delayed
-    1.4 ms. soxr's streams hold frames back at that rate (low quality: three 20 ms frames at a time,
+    The default (`quality="LQ"`, the low-latency stream a call's inbound audio takes) doubles a rate, as
+    telephony's 8 kHz to 16 kHz, through `_Doubler`: every frame comes out at once, delayed 1.4 ms. soxr's streams hold frames back at that rate (low quality: three 20 ms frames at a time,
     30 ms late on average and 55 ms at worst; medium and high: six) and its low quality muffles the top of
     the band: Whisper then heard a G.711 "stop" as a filler at 3 of 8 phases, its odds on "Stop" 0.2-16 %
     against 2.5-43 % through the doubler (`bench backchannels` over G.711). Other rates use soxr's
@@ -69,7 +69,7 @@ class StreamResampler:
         self.rate_in = rate_in
         self.rate_out = rate_out
         self._passthrough = rate_in == rate_out
-        self._doubler = _Doubler() if rate_out == 2 * rate_in else None
+        self._doubler = _Doubler() if rate_out == 2 * rate_in and quality == "LQ" else None
         self._stream = (
             None
             if self._passthrough or self._doubler is not None

@@ -28,13 +28,13 @@ from parley.audio import (
 )
 from parley.bench import progress, settings_from_flags
 from parley.bench.corpus import (
-    DEFAULT_VOICE,
     ENGLISH_VOICES,
     INTERRUPTIONS,
     NOT_INTERRUPTIONS,
     PIPER_VOICE,
     Sound,
 )
+from parley.bench.speech import ESPEAK_VOICE
 from parley.config import Settings
 from parley.engines.stt import SttEngine
 from parley.engines.vad import VadEngine
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phases", type=int, default=8, help="offsets of each sound within a chunk")
     parser.add_argument(
         "--voices",
-        default=DEFAULT_VOICE,
+        default=ESPEAK_VOICE,
         help=f"comma-separated espeak-ng voices the words are said in, '{PIPER_VOICE}' for Piper's, "
         f"or 'all' ({len(ENGLISH_VOICES)} English espeak-ng voices and Piper's); coughs and noise once",
     )

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parley.bench.speech import cough, espeak, piper, voiced_cough
+from parley.bench.speech import ESPEAK_VOICE, cough, espeak, piper, voiced_cough
 
-DEFAULT_VOICE = "en-us"
 # espeak-ng's English voices: accents whose vowels and stops Whisper takes differently over a phone line.
 ENGLISH_VOICES = (
     "en-us",
@@ -34,7 +33,7 @@ class Sound:
     kind: str  # filler | exclamation | backchannel | laugh | cough | noise | interruption
     label: str  # what is said (espeak-ng text), or the name of a synthetic sound
 
-    def clip(self, seed: int = 0, voice: str = DEFAULT_VOICE) -> np.ndarray:
+    def clip(self, seed: int = 0, voice: str = ESPEAK_VOICE) -> np.ndarray:
         """The sound: the words in `voice` (espeak-ng's, or `PIPER_VOICE`), or a cough or a noise burst
         (no voice) drawn by `seed`."""
         if self.kind == "cough":
