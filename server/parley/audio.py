@@ -56,13 +56,14 @@ class StreamResampler:
     """Resamples a stream cut into frames without clicks at frame edges (keeps the filter's state).
 
     The default (`quality="LQ"`, the low-latency stream a call's inbound audio takes) doubles a rate, as
-    telephony's 8 kHz to 16 kHz, through `_Doubler`: every frame comes out at once, delayed 1.4 ms. soxr's streams hold frames back at that rate (low quality: three 20 ms frames at a time,
-    30 ms late on average and 55 ms at worst; medium and high: six) and its low quality muffles the top of
-    the band: Whisper then heard a G.711 "stop" as a filler at 3 of 8 phases, its odds on "Stop" 0.2-16 %
-    against 2.5-43 % through the doubler (`bench backchannels` over G.711). Other rates use soxr's
-    low-quality (still anti-aliased) stream: from 48 kHz its delay is ~8-11 ms, where the medium and high
-    qualities hold back a whole 20 ms frame at a time. `process` returns what is ready, so output lengths
-    vary a little around rate_out/rate_in x input.
+    telephony's 8 kHz to 16 kHz, through `_Doubler`: every frame comes out at once, delayed 1.4 ms.
+    soxr's streams hold frames back at that rate (low quality: three 20 ms frames at a time, 30 ms late
+    on average and 55 ms at worst; medium and high: six) and its low quality muffles the top of the band:
+    Whisper then heard a G.711 "stop" as a filler at 3 of 8 phases, its odds on "Stop" 0.2-16 % against
+    2.5-43 % through the doubler (`bench backchannels` over G.711). Other rates use soxr's low-quality
+    (still anti-aliased) stream: from 48 kHz its delay is ~8-11 ms, where the medium and high qualities
+    hold back a whole 20 ms frame at a time. `process` returns what is ready, so output lengths vary a
+    little around rate_out/rate_in x input.
     """
 
     def __init__(self, rate_in: int, rate_out: int, quality: str = "LQ") -> None:
