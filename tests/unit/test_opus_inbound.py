@@ -14,8 +14,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection, RTCRtpCodecParameters
 from aiortc.codecs.opus import OpusDecoder as AiortcOpusDecoder
+from aiortc.jitterbuffer import JitterBuffer as AiortcJitterBuffer
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamTrack
+from aiortc.rtp import RtpPacket
 from av import AudioFrame
 
 from parley.app import RUNTIME, create_app
@@ -24,8 +26,9 @@ from parley.bench.caller import Caller
 from parley.config import Settings
 from parley.engines.stt import Transcription
 from parley.transports import opus_inbound
-from parley.transports.opus_inbound import DECODE_RATE, InlineDecoding, decode_inline, libopus
+from parley.transports.opus_inbound import DECODE_RATE, InlineDecoding, InOrderAudio, decode_inline, libopus
 from parley.transports.opus_packets import FRAME_SAMPLES, OpusPackets
+from parley.transports.sip.rtp import is_rtcp
 from parley.transports.webrtc import WebRtcPeer
 from tests.doubles import ScriptedStt, make_engines
 
@@ -159,6 +162,72 @@ def test_at_the_end_it_lets_go_of_whoever_it_delivered_to() -> None:
         assert decoding.decoded == 1  # nothing is decoded after the end
 
 
+def opus_packets(frames: np.ndarray) -> list[RtpPacket]:
+    """RTP packets as aiortc's receiver has them once depayloaded (`_data`: the Opus packet)."""
+    opus, packets = OpusPackets(), []
+    for i, pcm in enumerate(frames):
+        packet = RtpPacket(payload_type=111, sequence_number=(65530 + i) % 65536, timestamp=i * FRAME_SAMPLES)
+        packet.ssrc = 0x1234
+        packet._data = bytes(opus.packet(pcm, i * FRAME_SAMPLES))  # type: ignore[attr-defined]
+        packets.append(packet)
+    return packets
+
+
+def frames_out_per_packet(buffer: object, decoding: InlineDecoding, packets: list[RtpPacket]) -> list[int]:
+    """How many frames the caller's audio holds after each packet arrives, through `buffer` as aiortc's
+    receiver uses it (add, then the decoder queue's put)."""
+    heard = []
+    for packet in packets:
+        _, frame = buffer.add(packet)  # type: ignore[attr-defined]
+        if frame is not None:
+            decoding.put((OPUS, frame))
+        heard.append(decoding.decoded)
+    return heard
+
+
+def test_each_packet_in_sequence_is_heard_the_moment_it_arrives() -> None:
+    heard = Heard()
+    decoding = InlineDecoding(heard.deliver, heard.end)
+    packets = opus_packets(tone(0.4, 48000).reshape(-1, FRAME_SAMPLES))  # wraps the sequence number
+    assert frames_out_per_packet(InOrderAudio(), decoding, packets) == list(range(1, 21))
+    # aiortc's own buffer (even told to hold one frame, not four) lets each out one packet later.
+    theirs = AiortcJitterBuffer(capacity=16, prefetch=1)
+    elsewhere = InlineDecoding(Heard().deliver, Heard().end)
+    assert frames_out_per_packet(theirs, elsewhere, packets) == list(range(20))
+
+
+def test_after_a_lost_packet_the_caller_is_heard_late_for_two_packets_and_then_not_at_all() -> None:
+    heard = Heard()
+    decoding = InlineDecoding(heard.deliver, heard.end)
+    sent = tone(1.6, 48000).reshape(-1, FRAME_SAMPLES)
+    packets = opus_packets(sent)
+    arrived = packets[:10] + packets[11:]  # the 11th is lost on the way
+    out = frames_out_per_packet(InOrderAudio(), decoding, arrived)
+    behind = [i + 1 + (i >= 10) - n for i, n in enumerate(out)]  # frames sent but not yet heard
+    assert behind[:10] == [0] * 10 and behind[10:12] == [2, 3] and set(behind[12:]) == {0}
+    # The lost one is made up (libopus conceals 20 ms), so the audio's time stays whole and in tune.
+    assert [pcm.size for pcm, _ in heard.frames] == [FRAME_SAMPLES] * len(sent)
+    assert abs(loudest_hz(heard.audio()[4800:], DECODE_RATE) - 440) < 5
+    # aiortc's: nothing until 16 packets queue behind the gap, then 14 frames (280 ms) behind for the rest
+    # of the call, and the frame before the gap dropped with it (16 never heard at each packet).
+    aiortc = frames_out_per_packet(
+        AiortcJitterBuffer(capacity=16, prefetch=1), InlineDecoding(Heard().deliver, Heard().end), arrived
+    )
+    assert [i + 1 + (i >= 10) - n for i, n in enumerate(aiortc)][-20:] == [16] * 20
+
+
+def test_packets_swapped_on_the_way_are_heard_in_order() -> None:
+    heard = Heard()
+    decoding = InlineDecoding(heard.deliver, heard.end)
+    sent = tone(0.2, 48000, hz=300).reshape(-1, FRAME_SAMPLES)
+    packets = opus_packets(sent)
+    swapped = [packets[0], packets[2], packets[1], *packets[3:]]
+    assert frames_out_per_packet(InOrderAudio(), decoding, swapped) == [1, 1, 3, *range(4, 11)]
+    in_order = Heard()
+    frames_out_per_packet(InOrderAudio(), InlineDecoding(in_order.deliver, in_order.end), packets)
+    assert np.array_equal(heard.audio(), in_order.audio())
+
+
 async def test_a_receiver_gets_the_inline_decoding_before_it_starts_and_not_after() -> None:
     caller, answerer = RTCPeerConnection(), RTCPeerConnection()
     try:
@@ -173,11 +242,13 @@ async def test_a_receiver_gets_the_inline_decoding_before_it_starts_and_not_afte
         assert decode_inline(answerer, tracks[0], decoding)
         first, second = (t.receiver for t in answerer.getTransceivers())
         assert first._RTCRtpReceiver__decoder_queue is decoding  # type: ignore[attr-defined]
+        assert isinstance(first._RTCRtpReceiver__jitter_buffer, InOrderAudio)  # type: ignore[attr-defined]
 
         started = threading.Thread(target=lambda: None)
         second._RTCRtpReceiver__decoder_thread = started  # type: ignore[attr-defined]
         assert not decode_inline(answerer, tracks[1], InlineDecoding(Heard().deliver, Heard().end))
         assert second._RTCRtpReceiver__decoder_queue is not decoding  # type: ignore[attr-defined]
+        assert not isinstance(second._RTCRtpReceiver__jitter_buffer, InOrderAudio)  # type: ignore[attr-defined]
         second._RTCRtpReceiver__decoder_thread = None  # type: ignore[attr-defined]
     finally:
         await caller.close()
@@ -237,3 +308,33 @@ async def test_a_webrtc_caller_s_voice_reaches_the_call_decoded_on_the_event_loo
     for thread in waiting:
         thread.join(timeout=5)
         assert not thread.is_alive()
+
+
+async def test_after_a_packet_lost_on_the_way_the_webrtc_caller_is_still_heard_at_once(
+    client: tuple[TestClient, RecordingStt],  # type: ignore[type-arg]
+) -> None:
+    server, _ = client
+    async with Caller(f"http://127.0.0.1:{server.port}") as caller:
+        call = server.app[RUNTIME].registry.get(caller.call_id)
+        assert call is not None and call.line is not None
+        peer = call.line.transport
+        assert isinstance(peer, WebRtcPeer) and peer.inbound is not None and caller.pc is not None
+        dtls = caller.pc.getSenders()[0].transport
+        send = dtls._send_rtp
+        sent = 0
+
+        async def losing_the_fifth(data: bytes) -> None:
+            nonlocal sent
+            if not is_rtcp(data):
+                sent += 1
+                if sent == 5:
+                    return
+            await send(data)
+
+        before = peer.inbound.decoded
+        dtls._send_rtp = losing_the_fifth  # type: ignore[method-assign]
+        await asyncio.sleep(1.5)  # the microphone sends a frame every 20 ms, silence or not
+        receiver = next(t.receiver for t in peer.pc.getTransceivers() if t.kind == "audio")
+        assert receiver._RTCRtpReceiver__jitter_buffer.order.lost == 1  # type: ignore[attr-defined]
+        # Every frame sent has reached the call (the lost one made up), none waits behind the gap.
+        assert sent > 50 and sent - (peer.inbound.decoded - before) <= 1

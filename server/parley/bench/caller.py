@@ -136,7 +136,8 @@ class Caller(Ears):
         if track.kind != "audio" or self.pc is None:
             return
         self.inbound = InlineDecoding(self._hear, lambda: None)
-        if not decode_inline(self.pc, track, self.inbound):
+        # Its jitter buffer stays aiortc's, holding a frame as a browser's does on a clean link.
+        if not decode_inline(self.pc, track, self.inbound, in_order=False):
             self.inbound = None
             self._reader = asyncio.ensure_future(self._read(track))
 

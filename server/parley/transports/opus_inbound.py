@@ -1,4 +1,4 @@
-"""The caller's voice decoded on the event loop as aiortc's jitter buffer releases each frame.
+"""The caller's voice put in order and decoded on the event loop as each packet arrives.
 
 Profiled with py-spy under `parley bench capacity --callers 10`: aiortc hands every received 20 ms frame
 to a decoder thread of its own (a queue, a wake-up), which decodes it to 48 kHz stereo and hands it
@@ -14,6 +14,13 @@ until the receiver stops: the end of the stream is told as before.
 libopus is called through ctypes (PyAV's wheel ships it): through PyAV each frame would cost a packet and
 a frame object more. Where it cannot be found, and for other codecs (G.711, G.722), aiortc's own decoder
 runs, inline too.
+
+The receiver's jitter buffer is replaced too (`InOrderAudio`). aiortc's, built for video frames that
+span packets, lets a frame out only when a packet of the next one has come: every audio frame 20 ms late.
+And a lost packet stops it: nothing comes out until 16 more have queued behind the gap (320 ms), and then
+one frame for each packet that arrives, so the caller is heard 14 frames (280 ms) late for the rest of
+the call: every barge-in and every end of turn after one lost packet. Ours is the SIP stream's (in
+order at once, a gap waited for while two packets queue behind it, then concealed).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from av import AudioFrame
 
 from parley.audio import first_channel
 from parley.log import event
+from parley.transports.sip.rtp import JitterBuffer
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,8 @@ CHANNELS = 2  # as aiortc decodes: a microphone's mono stream comes out as two e
 MAX_FRAME_SAMPLES = DECODE_RATE * 120 // 1000  # Opus packets hold at most 120 ms
 _QUEUE = "_RTCRtpReceiver__decoder_queue"
 _THREAD = "_RTCRtpReceiver__decoder_thread"
+_JITTER = "_RTCRtpReceiver__jitter_buffer"
+FRAME_SAMPLES = DECODE_RATE // 50  # what a lost packet is concealed as until a packet has told its length
 
 Deliver = Callable[[np.ndarray, int], None]  # (mono int16 samples, their rate)
 
@@ -110,6 +120,11 @@ class OpusStreamDecoder:
         n = self._lib.opus_decode(self._state, payload, len(payload), out.ctypes.data, MAX_FRAME_SAMPLES, 0)
         return out[: n * CHANNELS : CHANNELS].copy() if n > 0 else None
 
+    def conceal(self, samples: int) -> np.ndarray | None:
+        """`samples` of what libopus makes up for a lost packet (its packet loss concealment)."""
+        n = self._lib.opus_decode(self._state, None, 0, self._out.ctypes.data, samples, 0)
+        return self._out[: n * CHANNELS : CHANNELS].copy() if n > 0 else None
+
     def close(self) -> None:
         if self._state:
             self._lib.opus_decoder_destroy(self._state)
@@ -117,6 +132,31 @@ class OpusStreamDecoder:
 
     def __del__(self) -> None:
         self.close()
+
+
+class Frames(JitterFrame):
+    """The frames one packet let out of `InOrderAudio`, oldest first; None for each packet given up on."""
+
+    def __init__(self, frames: list[JitterFrame | None]) -> None:
+        timestamp = next((f.timestamp for f in reversed(frames) if f is not None), 0)
+        super().__init__(data=b"", timestamp=timestamp)
+        self.frames = frames
+
+
+class InOrderAudio:
+    """Stands in for an aiortc receiver's audio jitter buffer (see the module's docstring): a packet in
+    sequence goes out as it arrives; a missing one is waited for while `depth` packets queue behind it,
+    then given up (None in the `Frames`: the decoder conceals it), and what waited goes out with it."""
+
+    def __init__(self, depth: int = 2) -> None:
+        self.order: JitterBuffer[Any] = JitterBuffer(depth)
+
+    def add(self, packet: Any) -> tuple[bool, Frames | None]:
+        """aiortc's call for each packet: (whether to ask for a picture, what is due)."""
+        due = self.order.push(packet)
+        if not due:
+            return False, None
+        return False, Frames([None if p is None else JitterFrame(p._data, p.timestamp) for p in due])
 
 
 def _no_audio(pcm: np.ndarray, rate: int) -> None:
@@ -139,6 +179,7 @@ class InlineDecoding:
         self._opus: OpusStreamDecoder | None = None
         self._other: Any = None  # aiortc's decoder, for a codec libopus does not decode
         self.decoded = 0  # frames delivered
+        self._last = (FRAME_SAMPLES, DECODE_RATE)  # the last frame's samples and rate
         self.failed = 0  # packets that did not decode
         self._closed = False
 
@@ -166,27 +207,40 @@ class InlineDecoding:
             return
         codec, frame = task
         name = str(codec.mimeType).lower()
+        for one in frame.frames if isinstance(frame, Frames) else [frame]:
+            self._decode(codec, name, one)
+
+    def _decode(self, codec: Any, name: str, frame: JitterFrame | None) -> None:
+        """One frame, or for a packet given up on (None), as much made up as the last frame held."""
         try:
             if name != self._codec:
                 self._switch(codec, name)
             if self._opus is not None:
-                pcm = self._opus.decode(frame.data)
+                opus = self._opus
+                pcm = opus.decode(frame.data) if frame is not None else opus.conceal(self._last[0])
                 if pcm is None:
                     self.failed += 1
                     return
-                self.decoded += 1
-                self._deliver(pcm, DECODE_RATE)
+                self._heard(pcm, DECODE_RATE)
+                return
+            if frame is None:
+                samples, rate = self._last
+                self._heard(np.zeros(samples, dtype=np.int16), rate)
                 return
             for decoded in self._other.decode(frame):
                 if isinstance(decoded, AudioFrame):
-                    self.decoded += 1
                     mono = first_channel(decoded.to_ndarray(), len(decoded.layout.channels))
-                    self._deliver(mono, decoded.sample_rate)
+                    self._heard(mono, decoded.sample_rate)
         except Exception:
             # One bad packet costs its 20 ms, never the call (aiortc's own thread logs and goes on too).
             self.failed += 1
             if self.failed == 1 or self.failed % 500 == 0:
                 event(log, "decode_failed", logging.WARNING, codec=name, failed=self.failed)
+
+    def _heard(self, pcm: np.ndarray, rate: int) -> None:
+        self.decoded += 1
+        self._last = (pcm.size, rate)
+        self._deliver(pcm, rate)
 
     def _switch(self, codec: Any, name: str) -> None:
         self._codec = name
@@ -206,9 +260,12 @@ class InlineDecoding:
         return None
 
 
-def decode_inline(pc: RTCPeerConnection, track: MediaStreamTrack, decoding: InlineDecoding) -> bool:
-    """Give `track`'s receiver `decoding` as its decoder queue; False (nothing changed) when the receiver
-    is not found, has started decoding already, or this aiortc keeps its queue elsewhere."""
+def decode_inline(
+    pc: RTCPeerConnection, track: MediaStreamTrack, decoding: InlineDecoding, *, in_order: bool = True
+) -> bool:
+    """Give `track`'s receiver `decoding` as its decoder queue, and (`in_order`) `InOrderAudio` as its
+    jitter buffer; False (nothing changed) when the receiver is not found, has started decoding already,
+    or this aiortc keeps its queue elsewhere."""
     for transceiver in pc.getTransceivers():
         receiver = transceiver.receiver
         if receiver.track is not track:
@@ -216,5 +273,7 @@ def decode_inline(pc: RTCPeerConnection, track: MediaStreamTrack, decoding: Inli
         if not hasattr(receiver, _QUEUE) or getattr(receiver, _THREAD, True) is not None:
             return False
         setattr(receiver, _QUEUE, decoding)
+        if in_order and hasattr(receiver, _JITTER):
+            setattr(receiver, _JITTER, InOrderAudio())
         return True
     return False

@@ -110,7 +110,8 @@ aiortc.rtp.compute_audio_level_dbov = _fast_audio_level
 
 
 def set_jitter_prefetch(pc: RTCPeerConnection, frames: int) -> None:
-    """Hold incoming audio for `frames` frames instead of aiortc's fixed 4 (80 ms).
+    """Hold incoming audio for `frames` frames instead of aiortc's fixed 4 (80 ms), where its decoder
+    could not be replaced (where it is, its jitter buffer is too: transports/opus_inbound.py).
 
     aiortc delays every received audio frame until 4 more have arrived: a playout cushion that a
     listener needs on a jittery network, but that our VAD does not (it only needs order, which the
@@ -233,7 +234,6 @@ class WebRtcPeer:
         validate_offer_sdp(offer_sdp)
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-            set_jitter_prefetch(self.pc, INBOUND_JITTER_FRAMES)
             answer = await self.pc.createAnswer()
             await self.pc.setLocalDescription(answer)
             if first_audio_codec(self.pc.localDescription.sdp) == "opus":
@@ -298,6 +298,7 @@ class WebRtcPeer:
         self.inbound = InlineDecoding(self._heard, self._track_ends)
         if not decode_inline(self.pc, track, self.inbound):
             self.inbound = None
+            set_jitter_prefetch(self.pc, INBOUND_JITTER_FRAMES)
             self._spawn(self._pump_inbound(track))
 
     def _heard(self, mono: np.ndarray, rate: int) -> None:

@@ -68,7 +68,7 @@ class RtpStream:
         self._negotiated: Negotiated | None = None
         self._decoders: dict[int, Callable[[bytes], np.ndarray]] = {}
         self._latched: Address | None = None
-        self._buffer = JitterBuffer()
+        self._buffer: JitterBuffer[RtpPacket] = JitterBuffer()
         self._dtmf_in = DtmfReceiver()
         self._frame_samples = FRAME_SAMPLES
         self._closed = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 RTP_VERSION = 2
 HEADER_SIZE = 12
@@ -122,7 +123,20 @@ class RtpPacket:
         )
 
 
-class JitterBuffer:
+class Sequenced(Protocol):
+    """What putting packets in order needs of one: ours, or aiortc's (transports/opus_inbound.py)."""
+
+    @property
+    def ssrc(self) -> int: ...
+
+    @property
+    def sequence_number(self) -> int: ...
+
+
+P = TypeVar("P", bound=Sequenced)
+
+
+class JitterBuffer(Generic[P]):
     """Puts one source's packets back in sequence order, holding at most `depth` of them.
 
     `push` returns the packets now due, oldest first, with None for each missing packet given up on
@@ -140,12 +154,12 @@ class JitterBuffer:
         self.duplicates = 0
         self._ssrc: int | None = None
         self._next = 0
-        self._held: dict[int, RtpPacket] = {}
+        self._held: dict[int, P] = {}
         self._recent_lost: deque[int] = deque(maxlen=RECENT_LOST)
-        self._probation: RtpPacket | None = None
+        self._probation: P | None = None
 
-    def push(self, packet: RtpPacket) -> list[RtpPacket | None]:
-        due: list[RtpPacket | None] = []
+    def push(self, packet: P) -> list[P | None]:
+        due: list[P | None] = []
         if packet.ssrc != self._ssrc:
             due = self.flush()
             self._restart(packet)
@@ -166,14 +180,14 @@ class JitterBuffer:
             due.append(self._take_next())
         return due
 
-    def flush(self) -> list[RtpPacket | None]:
+    def flush(self) -> list[P | None]:
         """Everything held, in order, with None for the gaps between (at the end of a stream)."""
-        due: list[RtpPacket | None] = []
+        due: list[P | None] = []
         while self._held:
             due.append(self._take_next())
         return due
 
-    def _take_next(self) -> RtpPacket | None:
+    def _take_next(self) -> P | None:
         packet = self._held.pop(self._next, None)
         if packet is None:
             self.lost += 1
@@ -188,7 +202,7 @@ class JitterBuffer:
         else:
             self.duplicates += 1
 
-    def _probe(self, packet: RtpPacket) -> list[RtpPacket | None]:
+    def _probe(self, packet: P) -> list[P | None]:
         # RFC 3550 A.1: one packet far from the expected sequence may be a stray; a second one near it
         # means the sender restarted its sequence, so both are kept and the old stream is let go.
         probation, self._probation = self._probation, packet
@@ -206,7 +220,7 @@ class JitterBuffer:
         self._restart(first)
         return due + self.push(first) + self.push(second)
 
-    def _restart(self, packet: RtpPacket) -> None:
+    def _restart(self, packet: P) -> None:
         self._ssrc = packet.ssrc
         self._next = packet.sequence_number
         self._held.clear()
