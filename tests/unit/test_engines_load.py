@@ -16,7 +16,7 @@ from parley.engines import device, prepare_models
 from parley.engines.vad import packaged_silero_path
 
 
-def test_default_engines_load_without_torch_and_close_their_threads() -> None:
+def test_default_engines_load_without_torch_keep_blas_to_one_thread_and_close_their_threads() -> None:
     script = textwrap.dedent(
         """
         import sys, threading
@@ -32,6 +32,9 @@ def test_default_engines_load_without_torch_and_close_their_threads() -> None:
         assert "".join(engines.llm.stream([{"role": "user", "content": "Hi!"}], lambda: True)) == ""
         assert engines.stt.transcribe(np.zeros(16000, dtype=np.int16)).text == ""
         assert "torch" not in sys.modules, "the default engines imported torch"
+        from threadpoolctl import threadpool_info
+        blas = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+        assert blas and set(blas) == {1}, blas  # numpy's BLAS threads would spin against the engines
         engines.close()
         assert not [t for t in threading.enumerate() if t.name.startswith("stt-worker")]
         print("ok")

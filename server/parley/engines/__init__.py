@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from parley.config import Settings
 from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source, whisper_base_dir
-from parley.engines.device import resolve_device
+from parley.engines.device import resolve_device, single_threaded_blas
 from parley.engines.llm import LlmEngine, llm_runtime, load_llm
 from parley.engines.stt import SttEngine, load_stt
 from parley.engines.tts import TtsEngine, load_tts, voice_files
@@ -85,7 +85,9 @@ def load_engines(settings: Settings) -> Engines:
             if callable(close):
                 close()
         raise
-    event(log, "engines_loaded", seconds=round(time.perf_counter() - started, 2))
+    # After the engines: a BLAS library one of them loaded is kept to one thread too.
+    blas_threads = single_threaded_blas()
+    event(log, "engines_loaded", seconds=round(time.perf_counter() - started, 2), blas_threads=blas_threads)
     return Engines(vad=vad, stt=stt, llm=llm, tts=tts, turn_end=turn_end)
 
 

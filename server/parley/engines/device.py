@@ -66,6 +66,23 @@ def prefer_avx512_for_ctranslate2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool
     return True
 
 
+def single_threaded_blas() -> dict[str, int]:
+    """Keep the BLAS libraries loaded so far (numpy's OpenBLAS) to one thread; returns their threads before.
+
+    A numpy matrix product on OpenBLAS's threads leaves them spinning on the other cores for a while
+    after it returns, and the engines are what they spin against: faster-whisper's log-mel features (one
+    product, ~4 ms) made the Whisper encoder that ran next take 134 against 82 ms, and a transcription
+    0.24-0.26 against 0.18-0.22 s (a 2 s question, 12 s of context, 2 cores of this AMD EPYC). numpy's
+    products here are that small; every engine has threads of its own.
+    """
+    from threadpoolctl import ThreadpoolController
+
+    blas = ThreadpoolController().select(user_api="blas")
+    before = {lib.prefix: lib.num_threads for lib in blas.lib_controllers}
+    blas.limit(limits=1)
+    return before
+
+
 def onnx_providers(device: str) -> list[str]:
     """onnxruntime providers for a resolved device, falling back to CPU when the CUDA build is absent."""
     import onnxruntime
