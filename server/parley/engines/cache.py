@@ -52,6 +52,10 @@ class PackagedLlm:
     gguf_size: int | None = None
     gguf_sha256: str | None = None  # pinned where the packages ship no checksum of their own
     save_dtype: str = "float32"  # dtype of the transformers folder kept in the cache
+    # For llama.cpp, the layers requantized to Q4_0, which it lays out for the CPU's vector units at load
+    # (engines/llamacpp_model.py, `requantize_to_q4_0`); the transformers and CTranslate2 folders are
+    # made from the packaged file as it is.
+    llamacpp_q4_0: bool = False
 
     @property
     def hf_folder(self) -> str:
@@ -78,6 +82,7 @@ QWEN25_05B = PackagedLlm(
     gguf_size=491_400_064,
     gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     save_dtype="bfloat16",
+    llamacpp_q4_0=True,
 )
 PACKAGED_LLMS = {llm.name: llm for llm in (SMOLLM2_135M, QWEN25_05B)}
 
@@ -370,13 +375,20 @@ def llm_gguf(cache_dir: Path, model: str, *, full: bool = False) -> tuple[Path, 
 
         def build(out: Path) -> None:
             gguf = _packaged_gguf(packaged, out)  # joined in `out`, or the package's own file
-            if gguf.parent == out:
+            if packaged.llamacpp_q4_0:
+                from parley.engines.llamacpp_model import requantize_to_q4_0
+
+                requantize_to_q4_0(gguf, out / GGUF_FILE)
+                if gguf.parent == out:
+                    gguf.unlink()
+            elif gguf.parent == out:
                 gguf.rename(out / GGUF_FILE)
             else:
                 shutil.copyfile(gguf, out / GGUF_FILE)
             _save_gguf_tokenizer(out / GGUF_FILE, out)
 
-        folder = ensure_folder(cache_dir / f"{packaged.name}-gguf", build, source=packaged.source, full=full)
+        name = f"{packaged.name}-q4_0-gguf" if packaged.llamacpp_q4_0 else f"{packaged.name}-gguf"
+        folder = ensure_folder(cache_dir / name, build, source=packaged.source, full=full)
         return folder / GGUF_FILE, folder
     local = Path(model).expanduser()
     if not (local.is_file() and local.suffix == ".gguf"):

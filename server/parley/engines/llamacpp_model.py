@@ -50,6 +50,32 @@ def _has_amx_kernels(lc: Any) -> bool:
     return b"AMX_INT8 = 1" in bytes(lc.llama_print_system_info() or b"")
 
 
+def requantize_to_q4_0(source: Path, dest: Path) -> None:
+    """Write `source` to `dest` with its layers' weights as Q4_0, its token embeddings and output as they are.
+
+    llama.cpp repacks Q4_0 rows at load into the interleaved layout its AVX2, AVX-512 and Arm kernels read
+    several rows at a time; the Q5_0 and K-quants that Qwen2.5-0.5B's Q4_K_M file holds (its rows of 896
+    do not fit the K-quants' 256) stay plain. Measured on this 2-core AMD EPYC: a decoding step 22 -> 15 ms
+    on two threads and 35 -> 23 ms on one, a 300-token prompt 0.53 -> 0.39 s; the answers as right as
+    before (`bench answers --repeat 2`: 34 of 42 against 30, first piece ready p50 0.27 -> 0.18 s).
+    """
+    import llama_cpp as lc
+    from gguf import GGUFReader
+
+    _route_logs(lc)
+    kept = {t.name: int(t.tensor_type) for t in GGUFReader(source).tensors}
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = lc.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.allow_requantize = True
+    params.nthread = 0  # every core
+    if "output.weight" in kept:
+        params.output_tensor_type = kept["output.weight"]
+    if "token_embd.weight" in kept:
+        params.token_embedding_type = kept["token_embd.weight"]
+    if lc.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params)) != 0:
+        raise LlmError(f"llama.cpp could not requantize {source}")
+
+
 class LlamaCppModel:
     """The llama.cpp model, context and batch, through the C API that llama-cpp-python binds."""
 
