@@ -28,14 +28,9 @@ from parley.transports.base import HangUp, open_call
 from parley.transports.carrier_webhooks import add_carrier_routes
 from parley.transports.sip.uac import DialError, dial
 from parley.transports.sip.useragent import SipUserAgent
-from parley.transports.webrtc import (
-    WEBRTC_RATE,
-    SignalingError,
-    WebRtcPeer,
-    answering,
-    configure_ice,
-    parse_ice_servers,
-)
+from parley.transports.webrtc import WebRtcPeer, answering
+from parley.transports.webrtc_signaling import SignalingError, configure_ice, parse_ice_servers
+from parley.transports.webrtc_tracks import WEBRTC_RATE
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,8 @@ from aiortc import (
 from parley.audio import rms_dbfs
 from parley.bench.listening import CallFailed, Ears, Mouth, Playback
 from parley.transports.opus_inbound import InlineDecoding, decode_inline
-from parley.transports.webrtc import (
-    WEBRTC_RATE,
-    PacedAudioTrack,
-    audio_frames,
-    configure_ice,
-    set_jitter_prefetch,
-)
+from parley.transports.webrtc_signaling import configure_ice
+from parley.transports.webrtc_tracks import WEBRTC_RATE, PacedAudioTrack, audio_frames, set_jitter_prefetch
 
 # aiortc's receiver holds 4 frames (80 ms) before playing; a browser's adaptive jitter buffer on a
 # clean loopback link sits near its floor of about one frame, which is what the benchmark caller mimics.

@@ -1,7 +1,8 @@
 """WebRTC transport (aiortc): Opus in and out, events to the page over a data channel.
 
 Caller audio arrives as 48 kHz Opus frames and is turned into 16 kHz mono for the call; reply audio is
-pulled from the call's Outbound in 20 ms frames, paced by the track's clock. The `events` data channel
+pulled from the call's Outbound in 20 ms frames, paced by the track's clock (webrtc_tracks.py; the offer's
+checks and the ICE servers: webrtc_signaling.py). The `events` data channel
 that the page opens carries the call's JSON events.
 
 A browser has no telephone line behind it, so what the agent does to the line reaches the page as events
@@ -14,16 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fractions
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
-import aioice.ice
-import aiortc.rtp
 import numpy as np
 from aiortc import (
     MediaStreamTrack,
@@ -33,159 +31,26 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
-from aiortc.jitterbuffer import JitterBuffer
-from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame
 
 from parley import metrics
-from parley.audio import audio_level_dbov, first_channel, samples_per_frame
 from parley.call import Call
 from parley.limits import BadJson, MessageGuard, parse_json
 from parley.log import event
-from parley.outbound import Outbound
-from parley.transports.base import Connect, FrameClock, HangUp, LineActionFailed
+from parley.transports.base import Connect, HangUp, LineActionFailed
 from parley.transports.line import keypad_digits, transfer_destination
 from parley.transports.opus_inbound import InlineDecoding, decode_inline
-from parley.transports.opus_packets import OPUS_RATE, OpusPackets, first_audio_codec
+from parley.transports.opus_packets import first_audio_codec
+from parley.transports.webrtc_signaling import SignalingError, validate_offer_sdp
+from parley.transports.webrtc_tracks import OutboundTrack, audio_frames, set_jitter_prefetch
 
 log = logging.getLogger(__name__)
 
-WEBRTC_RATE = 48000
 EVENTS_LABEL = "events"
 MAX_PENDING_EVENTS = 200
 LOG_EVERY = 100  # a page that floods bad messages gets a log line now and then, not one each
 MEDIA_CHECK_S = 1.0  # how often a call's inbound audio is checked for having stopped
 EVENTS_DRAIN_S = 0.5  # how long a close waits for the last events to be acknowledged by the page
 INBOUND_JITTER_FRAMES = 1
-
-
-class SignalingError(ValueError):
-    """The offer cannot be used: the caller gets a 400 with this message."""
-
-
-def validate_offer_sdp(sdp: str) -> None:
-    if not sdp.strip().startswith("v=0"):
-        raise SignalingError("the SDP must start with v=0")
-    media = [line for line in sdp.splitlines() if line.startswith("m=")]
-    if not any(line.startswith("m=audio") for line in media):
-        raise SignalingError("the offer has no audio")
-
-
-def parse_ice_servers(urls: tuple[str, ...]) -> list[RTCIceServer]:
-    """`stun:host:port`, `turn:host:port`, or `turn:user:secret@host:port` (credentials inline)."""
-    servers = []
-    for url in urls:
-        scheme, _, rest = url.partition(":")
-        if scheme not in ("stun", "stuns", "turn", "turns") or not rest:
-            raise SignalingError(f"not a STUN/TURN URL: {url!r}")
-        if "@" in rest:
-            creds, _, host = rest.rpartition("@")
-            username, _, credential = creds.partition(":")
-            servers.append(RTCIceServer(urls=f"{scheme}:{host}", username=username, credential=credential))
-        else:
-            servers.append(RTCIceServer(urls=url))
-    return servers
-
-
-def configure_ice(addresses: tuple[str, ...]) -> None:
-    """Offer only these local addresses as ICE host candidates (process-wide; aioice has no setting).
-
-    aioice never offers 127.0.0.1 on its own, so loopback-only tests need this; so do containers and
-    multi-homed hosts, whose other interfaces are unreachable for callers.
-    """
-    if addresses:
-        chosen = list(addresses)
-        aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [
-            a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)
-        ]
-
-
-def _fast_audio_level(frame: AudioFrame) -> int:
-    return audio_level_dbov(frame.to_ndarray().reshape(-1))
-
-
-# aiortc computes the RFC 6465 audio level of every outgoing frame in pure Python over a 120 ms buffer:
-# measured here, ~1.2 ms per 20 ms frame, most of a call's media cost. The numpy version takes ~0.02 ms.
-aiortc.rtp.compute_audio_level_dbov = _fast_audio_level
-
-
-def set_jitter_prefetch(pc: RTCPeerConnection, frames: int) -> None:
-    """Hold incoming audio for `frames` frames instead of aiortc's fixed 4 (80 ms), where its decoder
-    could not be replaced (where it is, its jitter buffer is too: transports/opus_inbound.py).
-
-    aiortc delays every received audio frame until 4 more have arrived: a playout cushion that a
-    listener needs on a jittery network, but that our VAD does not (it only needs order, which the
-    buffer still restores). Measured here: speech onset reached the VAD ~60 ms sooner with 1. aiortc has
-    no setting for it, so the receiver's buffer is replaced before the first packet arrives.
-    """
-    for transceiver in pc.getTransceivers():
-        receiver = transceiver.receiver
-        if transceiver.kind == "audio" and hasattr(receiver, "_RTCRtpReceiver__jitter_buffer"):
-            receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(capacity=16, prefetch=frames)
-
-
-class PacedAudioTrack(MediaStreamTrack):
-    """A sending track that produces one 20 ms mono frame per frame period, on the track's own clock.
-
-    aiortc asks for the next frame as soon as it has sent the last one; pacing here is what makes the
-    stream real-time. Subclasses say what the next frame holds.
-    """
-
-    kind = "audio"
-
-    def __init__(self, rate: int) -> None:
-        super().__init__()
-        self.rate = rate
-        self.frame_samples = samples_per_frame(rate)
-        self._time_base = fractions.Fraction(1, rate)
-        self._clock = FrameClock()
-        self._pts = 0
-
-    def next_frame(self, now: float) -> np.ndarray:
-        """The next `frame_samples` of int16 audio; `now` is when it goes out (time.monotonic())."""
-        raise NotImplementedError
-
-    async def recv(self) -> AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        await self._clock.tick()
-        pcm = self.next_frame(time.monotonic())
-        frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = self.rate
-        frame.pts = self._pts
-        frame.time_base = self._time_base
-        self._pts += self.frame_samples
-        return frame
-
-
-class OutboundTrack(PacedAudioTrack):
-    """The agent's voice: frames pulled from the call's Outbound; with Opus, packets encoded here
-    (transports/opus_packets.py: silence then costs no encoding)."""
-
-    def __init__(self, outbound: Outbound) -> None:
-        super().__init__(outbound.rate)
-        self.outbound = outbound
-        self.opus: OpusPackets | None = None
-
-    def encode_opus(self) -> None:
-        """The call was negotiated with Opus first: hand aiortc packets (set before the first frame)."""
-        if self.rate == OPUS_RATE:
-            self.opus = OpusPackets()
-
-    def next_frame(self, now: float) -> np.ndarray:
-        return self.outbound.pull_frame()
-
-    async def recv(self) -> Any:
-        if self.opus is None:
-            return await super().recv()
-        if self.readyState != "live":
-            raise MediaStreamError
-        await self._clock.tick()
-        frame = self.next_frame(time.monotonic())
-        # The Outbound's own silence frame is known silent: no pass over it (~3 us a frame, 4 % of media CPU).
-        packet = self.opus.packet(frame, self._pts, silent=True if frame is self.outbound.silence else None)
-        self._pts += self.frame_samples
-        return packet
 
 
 def answering(offer_sdp: str, ice_servers: list[RTCIceServer]) -> Connect[WebRtcPeer]:
@@ -484,18 +349,3 @@ class WebRtcPeer:
         if self.pc.connectionState != "connected" and not self._closed:
             metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="webrtc", reason="ice_timeout").inc()
             self._on_gone("ice_timeout")
-
-
-async def audio_frames(track: MediaStreamTrack) -> AsyncIterator[tuple[int, np.ndarray]]:
-    """A received track's audio as (sample rate, mono int16) per frame, until the track ends.
-
-    aiortc decodes every Opus stream to stereo, a mono one (a microphone) into two equal channels, so one
-    channel is the caller's voice: 1.6 us a frame, where averaging the two took 9.8 us.
-    """
-    while True:
-        try:
-            frame = await track.recv()
-        except MediaStreamError:
-            return
-        if isinstance(frame, AudioFrame):
-            yield frame.sample_rate, first_channel(frame.to_ndarray(), len(frame.layout.channels))
