@@ -17,6 +17,7 @@ from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads
 from parley.engines.llm import LlmError, Message, load_llm
 from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm
+from parley.engines.urgency import URGENCY
 from parley.settings_sources import SettingsError, validate
 from tests.unit.test_engines_llm import BOOK, HELLO, looks_english, never, replies_asked_together
 
@@ -196,6 +197,40 @@ def test_a_caller_that_waits_pauses_its_own_reply_and_no_other(llm: LlamaCppLlm)
     assert looks_english(other), other
     assert held and max(held) <= 1 + HOLD_AHEAD + 1  # its reply went no further while the other spoke
     assert looks_english(first + rest), first + rest
+
+
+def test_a_reply_due_sooner_goes_ahead_of_one_already_speaking(
+    llm: LlamaCppLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A caller still waiting for their first words is due before a reply whose speech has a while to run
+    # (engines/urgency.py): that reply sits the steps out until the other has said its piece.
+    monkeypatch.setattr(llm, "max_tokens", 60)
+    speaking = threading.Event()
+    late: list[str] = []
+
+    def speak_late() -> None:
+        URGENCY.set(lambda: time.monotonic() + 100)  # this thread's own context
+        for delta in llm.stream(ROME, never):
+            late.append(delta)
+            if len(late) == 2:
+                speaking.set()
+
+    thread = threading.Thread(target=speak_late)
+    thread.start()
+    assert speaking.wait(30)
+    request = next(r for r in llm._active if r.limit > 0)
+    token = URGENCY.set(time.monotonic)
+    try:
+        before = len(request.said)
+        soon = "".join(llm.stream(HELLO, never))
+        after = len(request.said)
+    finally:
+        URGENCY.reset(token)
+    thread.join()
+
+    assert looks_english(soon), soon
+    assert after - before <= 1, f"the later reply went {after - before} tokens on meanwhile"
+    assert len(request.said) > after and looks_english("".join(late)), late  # and went on after
 
 
 def test_a_caller_waiting_while_it_decides_whether_to_stop_holds_its_reply_at_once(llm: LlamaCppLlm) -> None:

@@ -17,6 +17,7 @@ from parley.call import Call
 from parley.config import Settings
 from parley.engines.llm import Message
 from parley.engines.toolcalls import ToolCall
+from parley.engines.urgency import due_by
 from parley.pipeline.messages import Response, Tag
 from parley.pipeline.speculation import SpeculativeReplies
 from tests import agent_tools
@@ -26,11 +27,12 @@ from tests.unit.test_call import RATE, Line, on_a_line
 
 
 class TimedLlm(ScriptedLlm):
-    """Remembers when each reply was asked for."""
+    """Remembers when each reply was asked for, and when the engine would take its words to be due."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.asked_at: list[float] = []
+        self.due_at: list[float] = []
 
     def stream(
         self,
@@ -39,6 +41,7 @@ class TimedLlm(ScriptedLlm):
         tools: list[dict[str, Any]] | None = None,
     ) -> Iterator[str | ToolCall]:
         self.asked_at.append(time.monotonic())
+        self.due_at.append(due_by()())
         return super().stream(messages, should_stop, tools)
 
 

@@ -15,6 +15,7 @@ counted) until the caller hangs up, and the registry then reports the stuck thre
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import queue
@@ -51,6 +52,13 @@ def _timed_out(engine: str, timeout_s: float) -> EngineTimeout:
     return EngineTimeout(f"the {engine} engine gave nothing within {timeout_s:g} s")
 
 
+def _start_worker(engine: str, run: Callable[[], None]) -> None:
+    """`run` on a thread of its own, in the asking thread's context: the work keeps the deadline of the
+    reply it is for (engines/urgency.py)."""
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(run,), name=_worker_name(engine), daemon=True).start()
+
+
 def call_with_deadline(engine: str, timeout_s: float, work: Callable[[], T]) -> T:
     """`work()` on a worker thread; its result or its exception, or EngineTimeout after `timeout_s`."""
     outcome: list[tuple[bool, Any]] = []
@@ -63,7 +71,7 @@ def call_with_deadline(engine: str, timeout_s: float, work: Callable[[], T]) -> 
             outcome.append((False, exc))
         done.set()
 
-    threading.Thread(target=run, name=_worker_name(engine), daemon=True).start()
+    _start_worker(engine, run)
     if not done.wait(timeout_s):
         raise _timed_out(engine, timeout_s)
     ok, value = outcome[0]
@@ -94,7 +102,7 @@ def stream_with_deadline(
         except BaseException as exc:
             items.put((False, exc))
 
-    threading.Thread(target=run, name=_worker_name(engine), daemon=True).start()
+    _start_worker(engine, run)
     try:
         while True:
             try:

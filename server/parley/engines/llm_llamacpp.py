@@ -12,11 +12,12 @@ ahead: after a reply that ended by itself, the template's opening of the caller'
 here (Qwen2.5-0.5B Q4_K_M, 2 threads): a decoding step 42 ms against CTranslate2 int8's ~90 ms; reading a
 prompt 10-17 ms a token against ~4, which keeping the conversations more than makes up.
 
-One thread drives the model. Each step it reads the prompts of new replies (in chunks, so that replies
-already speaking keep going) and one token of every reply being decoded, in a single `llama_decode`:
-replies join and leave the batch between any two tokens. A reply whose caller has not taken its last
-tokens, or who is deciding whether to stop (the LLM stage waits there for its first audio, so that TTS
-gets the cores), sits the step out: a caller that waits pauses its own reply and no other.
+One thread drives the model. Each step it reads the prompts of new replies (in chunks) and one token of
+each reply being decoded, in a single `llama_decode`: replies join and leave the batch between any two
+tokens. A step is for the replies due first (engines/urgency.py): a caller still waiting for their first
+words goes ahead of a reply that is speaking. A reply whose caller has not taken its last tokens, or who
+is deciding whether to stop (the LLM stage waits there for its first audio, so that TTS gets the cores),
+sits the step out: a caller that waits pauses its own reply and no other.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from parley.engines.llm import (
     deltas_from_steps,
 )
 from parley.engines.repeats import penalise_copies
+from parley.engines.urgency import due_by
 from parley.log import event
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ COPY_MIN_TOKENS = 32  # a shared start worth copying from another sequence rathe
 # on keeps far ahead of it (a step is ~40 ms), one who waits pauses its reply within a token or two.
 HOLD_AHEAD = 2
 PENALTY_WINDOW = 64  # the reply's last tokens that the repetition penalty looks at
+SAME_DUE_S = 0.05  # replies due this close together share a step (see _most_urgent)
+READ_AHEAD_DUE_S = 1.0  # the opening of a caller's next turn is read before replies due later than this
 
 
 @dataclass
@@ -85,6 +89,20 @@ class _Request:
     reused: int = 0  # prompt tokens found already in the KV cache
     waiting: bool = False  # its caller is asking whether to stop, which may wait (for the reply's audio)
     earlier: list[list[int]] = field(default_factory=list)  # the conversation's earlier replies' tokens
+    due: Callable[[], float] = time.monotonic  # when its next words are due (engines/urgency.py)
+
+
+def _most_urgent(ready: list[_Request]) -> list[_Request]:
+    """The replies a step is for: the one due first (engines/urgency.py), and those due within SAME_DUE_S.
+
+    On this CPU a step costs about the same per reply however many share it (one reply's token 15 ms on
+    two threads, three 46, six 90): a step for all of them brings every reply's first words late together,
+    where one at a time brings the first caller's at once and the last one's no later. A reply that speaks
+    already is due once the speech of what it said is about to run out, so a caller still waiting for
+    their first words goes ahead of it."""
+    dues = [(r.due(), r) for r in ready]
+    first = min(due for due, _ in dues)
+    return [r for due, r in dues if due <= first + SAME_DUE_S]
 
 
 class LlamaCppLlm(LocalLlm):
@@ -159,7 +177,7 @@ class LlamaCppLlm(LocalLlm):
                 self._condition.notify()
 
     def _ask(self, prompt: list[int], limit: int, earlier: list[list[int]] | None = None) -> _Request:
-        request = _Request(prompt, limit, earlier=earlier or [])
+        request = _Request(prompt, limit, earlier=earlier or [], due=due_by())
         with self._condition:
             if self._closed:
                 raise LlmError("the LLM engine is closed")
@@ -211,6 +229,7 @@ class LlamaCppLlm(LocalLlm):
                     r for r in self._active if r.unread or (not r.waiting and r.steps.qsize() < HOLD_AHEAD)
                 ]
                 if ready:
+                    ready = _most_urgent(ready)
                     break
                 # Nothing to read and every reply waits for its caller: sleep until one moves.
                 self._condition.wait(0.05 if self._active else None)
@@ -404,7 +423,8 @@ class LlamaCppLlm(LocalLlm):
             return
         if any(token in self._chat.tag_ids for token in request.said):
             return
-        self._waiting.append(_Request(sequence.tokens + opening, limit=0))
+        due = time.monotonic() + READ_AHEAD_DUE_S
+        self._waiting.append(_Request(sequence.tokens + opening, limit=0, due=lambda: due))
 
     def _sample(self, logits: np.ndarray, said: list[int], earlier: list[list[int]]) -> int:
         scores = logits.astype(np.float32, copy=True)

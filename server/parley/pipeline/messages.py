@@ -10,6 +10,13 @@ import numpy as np
 
 from parley.engines.stt import Transcription
 
+# A reply is due this long after the caller stops speaking: the gap people leave between turns.
+REPLY_DUE_S = 0.5
+# More of a reply is due this long before the speech of the text given to TTS runs out: about what its
+# next clause takes to decode and synthesise.
+REFILL_DUE_S = 0.5
+SPEECH_S_PER_CHAR = 0.06  # how long a character of text takes to say, about (Piper's voices, English)
+
 
 @dataclass(frozen=True)
 class Tag:
@@ -39,10 +46,12 @@ class Response:
     audio_ready: threading.Event = field(default_factory=threading.Event)  # its first audio is synthesised
     pieces_sent: int = 0  # text pieces given to TTS (by the LLM stage)
     pieces_spoken: int = 0  # of those, synthesised to their end (by the TTS stage)
+    text_sent: int = 0  # characters of those pieces
     audio_s: float = 0.0  # seconds of audio synthesised so far
     played_segments: list[str] = field(default_factory=list)
     partial_segment: str = ""  # the segment being played when the reply was cut, with the share heard
     ended: bool = False
+    created_at: float = field(default_factory=time.monotonic)
 
     @property
     def response_s(self) -> float | None:
@@ -72,6 +81,13 @@ class Response:
         if self.first_audio_at is None or self.pieces_spoken < self.pieces_sent:
             return False
         return self.unplayed_s() <= seconds
+
+    def text_due_at(self) -> float:
+        """When the reply's next words are due from the LLM: its first piece a moment after the caller
+        stopped speaking, then once the speech of the text given to TTS so far is about to run out."""
+        if self.first_audio_at is None:
+            return (self.created_at if self.speech_end is None else self.speech_end) + REPLY_DUE_S
+        return self.first_audio_at + self.text_sent * SPEECH_S_PER_CHAR - REFILL_DUE_S
 
     def heard_text(self) -> str:
         return " ".join(s for s in [*self.played_segments, self.partial_segment] if s).strip()

@@ -93,6 +93,9 @@ class LlmStage(Stage[Transcript]):
             self._tools = {spec.name: spec for spec in specs}
         return self._tools
 
+    def due(self, item: Transcript) -> Callable[[], float]:
+        return item.response.text_due_at  # the words are due before their audio (pipeline/messages.py)
+
     def handle(self, item: Transcript) -> None:
         response = item.response
         tag = response.tag
@@ -209,6 +212,7 @@ class LlmStage(Stage[Transcript]):
         """Hand a piece of `response` to TTS, counted so that the reply knows what is still on its way."""
         if text:
             response.pieces_sent += 1
+            response.text_sent += len(text)
             self.outbox.put(ReplyText(response, text))
 
     def _record(self, response: Response, result: ToolResult) -> None:

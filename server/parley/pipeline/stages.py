@@ -24,6 +24,7 @@ from parley.config import Settings
 from parley.engines.stt import SttCancelled, SttEngine, Transcription
 from parley.engines.tts import TtsEngine
 from parley.engines.turn_end import SmartTurn
+from parley.engines.urgency import URGENCY
 from parley.log import event
 from parley.outbound import Outbound
 from parley.pipeline.backchannels import COMMAND_WORDS, BackchannelJudge
@@ -114,12 +115,20 @@ class Stage(threading.Thread, Generic[Item]):
             if item is None:
                 self.idle()
                 continue
+            # Engines shared by many calls serve the most urgent work first (engines/urgency.py).
+            urgency = URGENCY.set(self.due(item))
             try:
                 self.handle(item)
             except Exception:
                 metrics.ENGINE_ERRORS_TOTAL.labels(engine=self.engine_name or self.stage_name).inc()
                 log.exception("stage_failed", extra={"call_id": self.ctx.call_id, "stage": self.stage_name})
                 self.recover(item)
+            finally:
+                URGENCY.reset(urgency)
+
+    def due(self, item: Item) -> Callable[[], float] | None:
+        """When the engine work for `item` is due (engines/urgency.py); None: when it is asked for."""
+        return None
 
     def handle(self, item: Item) -> None:
         raise NotImplementedError
