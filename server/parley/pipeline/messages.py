@@ -12,9 +12,11 @@ from parley.engines.stt import Transcription
 
 # A reply is due this long after the caller stops speaking: the gap people leave between turns.
 REPLY_DUE_S = 0.5
-# More of a reply is due this long before the speech of the text given to TTS runs out: about what its
-# next clause takes to decode and synthesise.
-REFILL_DUE_S = 0.5
+# More of a reply is due this long before the speech of the text given to TTS runs out: what its next
+# clause takes to decode and synthesise while other calls' work shares the cores. Six callers at once
+# (`bench calls --callers 6 --transport sip`): with 0.5 s, pauses inside replies up to 1.0-1.9 s; with
+# 1.0 s, up to 1.24-1.30 s (0.88-0.96 s when every reply was stepped together), p50 no later.
+REFILL_DUE_S = 1.0
 SPEECH_S_PER_CHAR = 0.06  # how long a character of text takes to say, about (Piper's voices, English)
 
 
