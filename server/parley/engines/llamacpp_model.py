@@ -1,8 +1,8 @@
 """llama.cpp's model, context and batch through the C API that llama-cpp-python binds, and its sequences.
 
-The engine (`llm_llamacpp.py`) decides what to read and keep; this module only loads the model, holds one
-context with a KV-cache sequence per conversation, runs `llama_decode` over a batch of entries, and
-keeps, for each sequence, the tokens its cells hold and where a prompt can take them up.
+The engine (`llm_llamacpp.py`) decides what to read and when; this module loads the model, holds one
+context with a KV-cache sequence per conversation, runs `llama_decode` over a batch of entries, keeps,
+for each sequence, the tokens its cells hold, and finds the sequence a new prompt takes up (`place`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 CONTEXT_PER_SEQUENCE = 4096  # tokens of conversation each sequence can hold (the prompt window fits)
 BATCH_TOKENS = 512  # tokens read in one llama_decode at most
+COPY_MIN_TOKENS = 32  # a shared start worth copying from another sequence rather than reading again
 SHIFT_PROBE_TOKENS = 8  # how much of the rest of a prompt is looked for further on in a sequence
 FILLER_TOKEN = 0  # what a gap in a batch's sequences is filled with (read, then dropped: see decode)
 _LOG_LEVEL_ERROR = 4  # ggml_log_level: GGML_LOG_LEVEL_ERROR
@@ -227,3 +228,38 @@ def dropped_span(tokens: list[int], prompt: list[int], start: int) -> tuple[int,
             if length > best[1]:
                 best = (int(end), length)
     return best
+
+
+def place(
+    model: LlamaCppModel, sequences: list[Sequence], free: list[Sequence], prompt: list[int]
+) -> tuple[Sequence, int]:
+    """The sequence of `free` for `prompt`, made to hold as much of its start as can be had, and how much.
+
+    A conversation's sequence holds its last prompt and reply. Its next prompt begins with them, or,
+    once the history's window has let the oldest turn go, with the system prompt and then the rest:
+    that turn's cells are dropped and the rest kept where they are, rather than read again (the kept
+    tokens were computed beside the dropped turn, which the model's reply hardly notices). What a
+    sequence holds beyond what the prompt can use is another conversation's, lost if the prompt takes
+    it: a prompt that shares only the system prompt with it copies that start from any sequence into
+    an empty one (or the one used longest ago) instead.
+    """
+    options = []
+    for sequence in free:
+        common = common_prefix(sequence.tokens, prompt)
+        end, length = dropped_span(sequence.tokens, prompt, common)
+        if length < COPY_MIN_TOKENS:
+            end, length = common, 0
+        lost = len(sequence.tokens) - (end - common) - (common + length)
+        options.append((common + length - lost, -sequence.used_at, sequence.seq_id, end, common, length))
+    value, _, seq_id, end, common, length = max(options)
+    donor = max(sequences, key=lambda s: common_prefix(s.tokens, prompt))
+    shared = common_prefix(donor.tokens, prompt)
+    target = min(free, key=lambda s: (len(s.tokens), s.used_at))
+    if donor is not target and shared - len(target.tokens) >= value + COPY_MIN_TOKENS:
+        model.copy(donor.seq_id, target.seq_id)
+        target.tokens, target.positions = donor.tokens[:], donor.positions[:]
+        target.cut(model, shared)
+        return target, shared
+    sequence = sequences[seq_id]
+    sequence.cut(model, common, end)
+    return sequence, common + length

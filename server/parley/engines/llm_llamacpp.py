@@ -42,7 +42,7 @@ from parley.engines.llamacpp_model import (
     LlamaCppModel,
     Sequence,
     common_prefix,
-    dropped_span,
+    place,
 )
 from parley.engines.llm import (
     REPETITION_PENALTY,
@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 # prompt costs ~10 ms a token, and every reply in the batch waits for it.
 SHARED_PREFILL_TOKENS = 96
 MAX_POSITION = 16384  # half of Qwen2.5's trained context: positions beyond stay untested
-COPY_MIN_TOKENS = 32  # a shared start worth copying from another sequence rather than reading again
 # A reply whose caller has not taken this many of its tokens sits the next step out: a caller who reads
 # on keeps far ahead of it (a step is ~40 ms), one who waits pauses its reply within a token or two.
 HOLD_AHEAD = 2
@@ -254,7 +253,7 @@ class LlamaCppLlm(LocalLlm):
             sequence.used_at = time.monotonic()
 
     def _admit(self) -> None:
-        """Give waiting replies a free sequence (see _place), and what of their prompt is left to read."""
+        """Give waiting replies a free sequence (llamacpp_model.place), and what of their prompt is left."""
         while self._waiting:
             request = self._waiting[0]
             if request.stopped:
@@ -265,7 +264,7 @@ class LlamaCppLlm(LocalLlm):
             if not free or self._reading_ahead_of(request.prompt):
                 return
             self._waiting.pop(0)
-            best, keep = self._place(free, request.prompt)
+            best, keep = place(self._model, self._sequences, free, request.prompt)
             # At least the prompt's last token is read again: its logits give the first token.
             keep = min(keep, len(request.prompt) - 1)
             if best.next_position() + len(request.prompt) + self.max_tokens > MAX_POSITION:
@@ -289,38 +288,6 @@ class LlamaCppLlm(LocalLlm):
             and common_prefix(s.tokens, prompt) == len(s.tokens)
             for s in self._sequences
         )
-
-    def _place(self, free: list[Sequence], prompt: list[int]) -> tuple[Sequence, int]:
-        """The free sequence for `prompt`, made to hold as much of its start as can be had, and how much.
-
-        A conversation's sequence holds its last prompt and reply. Its next prompt begins with them, or,
-        once the history's window has let the oldest turn go, with the system prompt and then the rest:
-        that turn's cells are dropped and the rest kept where they are, rather than read again (the kept
-        tokens were computed beside the dropped turn, which the model's reply hardly notices). What a
-        sequence holds beyond what the prompt can use is another conversation's, lost if the prompt takes
-        it: a prompt that shares only the system prompt with it copies that start from any sequence into
-        an empty one (or the one used longest ago) instead.
-        """
-        options = []
-        for sequence in free:
-            common = common_prefix(sequence.tokens, prompt)
-            end, length = dropped_span(sequence.tokens, prompt, common)
-            if length < COPY_MIN_TOKENS:
-                end, length = common, 0
-            lost = len(sequence.tokens) - (end - common) - (common + length)
-            options.append((common + length - lost, -sequence.used_at, sequence.seq_id, end, common, length))
-        value, _, seq_id, end, common, length = max(options)
-        donor = max(self._sequences, key=lambda s: common_prefix(s.tokens, prompt))
-        shared = common_prefix(donor.tokens, prompt)
-        target = min(free, key=lambda s: (len(s.tokens), s.used_at))
-        if donor is not target and shared - len(target.tokens) >= value + COPY_MIN_TOKENS:
-            self._model.copy(donor.seq_id, target.seq_id)
-            target.tokens, target.positions = donor.tokens[:], donor.positions[:]
-            target.cut(self._model, shared)
-            return target, shared
-        sequence = self._sequences[seq_id]
-        sequence.cut(self._model, common, end)
-        return sequence, common + length
 
     def _step(self, ready: list[_Request]) -> None:
         """One llama_decode: a chunk of each unread prompt and the next token of each reply."""
