@@ -16,7 +16,7 @@ from parley.engines.cache import CacheError, llm_gguf, verify_folder
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads
 from parley.engines.llm import LlmError, Message, load_llm
-from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm
+from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm, _most_urgent, _Request
 from parley.engines.urgency import URGENCY
 from parley.settings_sources import SettingsError, validate
 from tests.unit.test_engines_llm import BOOK, HELLO, looks_english, never, replies_asked_together
@@ -231,6 +231,15 @@ def test_a_reply_due_sooner_goes_ahead_of_one_already_speaking(
     assert looks_english(soon), soon
     assert after - before <= 1, f"the later reply went {after - before} tokens on meanwhile"
     assert len(request.said) > after and looks_english("".join(late)), late  # and went on after
+
+
+def test_a_step_is_for_the_replies_due_first() -> None:
+    def request(due: float) -> _Request:
+        return _Request([1], 10, due=lambda: due)
+
+    soon, as_soon, later = request(100.1), request(100.12), request(101)
+    assert _most_urgent([later, soon]) == [soon]
+    assert _most_urgent([later, as_soon, soon]) == [as_soon, soon]  # due together: they share it
 
 
 def test_a_caller_waiting_while_it_decides_whether_to_stop_holds_its_reply_at_once(llm: LlamaCppLlm) -> None:

@@ -94,11 +94,12 @@ class _Request:
 def _most_urgent(ready: list[_Request]) -> list[_Request]:
     """The replies a step is for: the one due first (engines/urgency.py), and those due within SAME_DUE_S.
 
-    On this CPU a step costs about the same per reply however many share it (one reply's token 15 ms on
-    two threads, three 46, six 90): a step for all of them brings every reply's first words late together,
-    where one at a time brings the first caller's at once and the last one's no later. A reply that speaks
-    already is due once the speech of what it said is about to run out, so a caller still waiting for
-    their first words goes ahead of it."""
+    On this CPU a step costs nearly as much per reply however many share it (two threads, 100 tokens of
+    conversation each: one reply's token 15 ms, two 28, three 37, four 40, six 65): a step for all of
+    them brings every reply's first words late together, where one at a time brings the first caller's
+    at once and the last one's little later. A reply that speaks already is due once the speech of what
+    it said is about to run out, so a caller still waiting for their first words goes ahead of it.
+    """
     dues = [(r.due(), r) for r in ready]
     first = min(due for due, _ in dues)
     return [r for due, r in dues if due <= first + SAME_DUE_S]
