@@ -88,7 +88,8 @@ class _Request:
     reused: int = 0  # prompt tokens found already in the KV cache
     waiting: bool = False  # its caller is asking whether to stop, which may wait (for the reply's audio)
     earlier: list[list[int]] = field(default_factory=list)  # the conversation's earlier replies' tokens
-    due: Callable[[], float] = time.monotonic  # when its next words are due (engines/urgency.py)
+    # When its next words are due: the asking reply's deadline (engines/urgency.py), read where it is asked.
+    due: Callable[[], float] = field(default_factory=due_by)
 
 
 def _most_urgent(ready: list[_Request]) -> list[_Request]:
@@ -177,7 +178,7 @@ class LlamaCppLlm(LocalLlm):
                 self._condition.notify()
 
     def _ask(self, prompt: list[int], limit: int, earlier: list[list[int]] | None = None) -> _Request:
-        request = _Request(prompt, limit, earlier=earlier or [], due=due_by())
+        request = _Request(prompt, limit, earlier=earlier or [])
         with self._condition:
             if self._closed:
                 raise LlmError("the LLM engine is closed")

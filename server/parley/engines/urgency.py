@@ -1,14 +1,15 @@
 """When the work asked of an engine is due, so that an engine serving many calls serves the most urgent first.
 
-On this CPU a llama.cpp step costs about the same per reply however many replies share it (one reply's
-token 15 ms, three 46, six 90): stepping every reply in flight together brings six callers' first words
-late together. Given when each reply's next words are due, the LLM steps the one due first, and the
+On this CPU a llama.cpp step costs nearly as much per reply however many replies share it (numbers in
+llm_llamacpp.py, `_most_urgent`): stepping every reply in flight together brings six callers' first
+words late together. Given when each reply's next words are due, the LLM steps the one due first, and the
 callers hear their answers one after another, the first at once.
 
 Who the work is for travels with it: a call's stage sets `URGENCY` to a function that reads its reply's
-deadline (`Response.text_due_at`) while it asks an engine for something; the deadline workers
-(engines/deadlines.py) carry it to the thread that does the asking, and the engine reads it when the work
-is handed over. Work with no reply (a warm-up, a benchmark) is due when it is asked for.
+deadline (`Stage.due`; the LLM stage's is `Response.text_due_at`) while it asks an engine for something;
+the deadline workers (engines/deadlines.py) carry it to the thread that does the asking, and the engine
+reads it (`due_by`) when the work is handed over. Work with no reply (a warm-up, a benchmark) is due when
+it is asked for.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """WebRTC transport (aiortc): Opus in and out, events to the page over a data channel.
 
 Caller audio arrives as 48 kHz Opus frames and is turned into 16 kHz mono for the call; reply audio is
-pulled from the call's Outbound in 20 ms frames, paced by the track's clock (webrtc_tracks.py; the offer's
-checks and the ICE servers: webrtc_signaling.py). The `events` data channel
-that the page opens carries the call's JSON events.
+pulled from the call's Outbound in 20 ms frames, paced by the track's clock (the tracks: webrtc_tracks.py;
+the offer's checks and the ICE servers: webrtc_signaling.py). The `events` data channel that the page
+opens carries the call's JSON events.
 
 A browser has no telephone line behind it, so what the agent does to the line reaches the page as events
 (spec: "WebRTC: a page event"): `{"type": "transfer", "to": ...}` before the call ends as transferred,
