@@ -52,9 +52,9 @@ class PackagedLlm:
     gguf_size: int | None = None
     gguf_sha256: str | None = None  # pinned where the packages ship no checksum of their own
     save_dtype: str = "float32"  # dtype of the transformers folder kept in the cache
-    # For llama.cpp, the layers requantized to Q4_0, which it lays out for the CPU's vector units at load
-    # (engines/llamacpp_model.py, `requantize_to_q4_0`); the transformers and CTranslate2 folders are
-    # made from the packaged file as it is.
+    # For llama.cpp, the layers and the output matrix requantized to Q4_0, which it lays out for the CPU's
+    # vector units at load (engines/llamacpp_model.py, `requantize_to_q4_0`); the transformers and
+    # CTranslate2 folders are made from the packaged file as it is.
     llamacpp_q4_0: bool = False
 
     @property
@@ -388,7 +388,8 @@ def llm_gguf(cache_dir: Path, model: str, *, full: bool = False) -> tuple[Path, 
                 shutil.copyfile(gguf, out / GGUF_FILE)
             _save_gguf_tokenizer(out / GGUF_FILE, out)
 
-        name = f"{packaged.name}-q4_0-gguf" if packaged.llamacpp_q4_0 else f"{packaged.name}-gguf"
+        # "-q4_0-head": the output matrix too is Q4_0 (the "-q4_0" folder before it kept the packaged Q8_0)
+        name = f"{packaged.name}-q4_0-head-gguf" if packaged.llamacpp_q4_0 else f"{packaged.name}-gguf"
         folder = ensure_folder(cache_dir / name, build, source=packaged.source, full=full)
         return folder / GGUF_FILE, folder
     local = Path(model).expanduser()
