@@ -152,30 +152,46 @@ def test_audio_no_longer_wanted_when_its_turn_comes_is_never_transcribed(
     assert batches == [1]  # the second audio never reached Whisper
 
 
+@pytest.mark.parametrize(
+    ("engine", "copies"),
+    [
+        ("one_worker", 1),  # one worker on every core: a batch is encoded and decoded as one
+        (
+            "stt",
+            2,
+        ),  # the default two workers, the encoder on every core: encoded one at a time, decoded as one
+    ],
+)
 def test_the_same_audio_gives_the_same_transcript_alone_or_batched(
-    one_worker: WhisperStt, voices: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+    engine: str,
+    copies: int,
+    voices: dict[str, np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
-    stt = one_worker
+    stt: WhisperStt = request.getfixturevalue(engine)
     alone = {phrase: stt.transcribe(voices[phrase]) for phrase in PHRASES}
     batch_sizes: list[int] = []
     watch(monkeypatch, stt, "_generate", lambda windows: batch_sizes.append(len(windows)))
-    together: dict[str, Transcription] = {}
-    barrier = threading.Barrier(len(PHRASES))
+    asked = [phrase for phrase in PHRASES for _ in range(copies)]  # more than the workers take at once
+    together: list[tuple[str, Transcription]] = []
+    barrier = threading.Barrier(len(asked))
 
     def call(phrase: str) -> None:
         barrier.wait()
-        together[phrase] = stt.transcribe(voices[phrase])
+        together.append((phrase, stt.transcribe(voices[phrase])))
 
-    threads = [threading.Thread(target=call, args=(p,)) for p in PHRASES]
+    threads = [threading.Thread(target=call, args=(p,)) for p in asked]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
 
     assert max(batch_sizes) > 1, batch_sizes
-    for phrase in PHRASES:
-        assert together[phrase].text == alone[phrase].text
-        assert together[phrase].avg_logprob == pytest.approx(alone[phrase].avg_logprob, abs=1e-3)
+    assert len(together) == len(asked)
+    for phrase, heard in together:
+        assert heard.text == alone[phrase].text
+        assert heard.avg_logprob == pytest.approx(alone[phrase].avg_logprob, abs=1e-3)
 
 
 def test_weighing_first_words_changes_no_transcript_alone_or_batched(

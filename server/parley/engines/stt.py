@@ -382,13 +382,13 @@ class WhisperStt:
             [np.pad(f, ((0, 0), (0, frames - f.shape[1])), constant_values=float(f.min())) for f in features]
         )
         started = time.perf_counter()
-        view = ctranslate2.StorageView.from_array(np.ascontiguousarray(batch))
         # Encoded apart, decoding (and language detection) take the encoder's output as it is.
         if self._encoder is not self._whisper:
-            with self._encoding:
-                view = self._encoder.encode(view)
-        elif self._multilingual and not self._language:
-            view = self._whisper.encode(view)
+            view = self._encode_each(batch)
+        else:
+            view = ctranslate2.StorageView.from_array(np.ascontiguousarray(batch))
+            if self._multilingual and not self._language:
+                view = self._whisper.encode(view)
         if not self._multilingual:
             prompts = [[self._sot]] * len(windows)
         else:
@@ -427,6 +427,27 @@ class WhisperStt:
             seconds=round(time.perf_counter() - started, 3),
         )
         return out
+
+    def _encode_each(self, batch: np.ndarray) -> Any:
+        """The encoder's output for `batch`, one window at a time, stacked for the decoder to take together.
+
+        On this CPU the encoder takes longer over a batch than over its windows one by one (12 s of context
+        on two threads: three windows 284 against 236 ms, six 695 against 471 ms, two the same), where the
+        decoder gains from one (ten tokens each: one window 107 ms, three 166, six 290). Each window is
+        then encoded exactly as it would be alone.
+        """
+        import ctranslate2
+
+        encoded: list[np.ndarray] = []
+        for features in batch:
+            with self._encoding:
+                view = self._encoder.encode(
+                    ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None]))
+                )
+            if len(batch) == 1:
+                return view
+            encoded.append(np.asarray(view))
+        return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.concatenate(encoded)))
 
     def _first_word_odds(self, window: _Window, result: Any) -> dict[str, float]:
         """The odds Whisper gave each word `window` weighs to be the first it wrote: its distribution over
