@@ -137,7 +137,8 @@ class Settings(TurnSettings):
     stt_model: str = field(
         default="base",
         metadata=_opt(
-            "'base' (packaged), a faster-whisper size/hub name, or a CTranslate2 folder", "engines"
+            "'base' or 'tiny.en' (packaged), a faster-whisper size/hub name, or a CTranslate2 folder",
+            "engines",
         ),
     )
     stt_language: str = field(default="en", metadata=_opt("spoken language ('' detects)", "engines"))

@@ -14,10 +14,12 @@ from parley.engines.cache import (
     MANIFEST,
     WHISPER_BASE_SHA256,
     WHISPER_BASE_SIZE,
+    WHISPER_TINY_EN_SHA256,
     CacheError,
     ensure_folder,
     verify_folder,
     whisper_base_dir,
+    whisper_source,
 )
 
 
@@ -217,3 +219,13 @@ def test_the_packaged_llms_are_known_by_name() -> None:
     assert {"qwen2.5-0.5b", "smollm2-135m"} <= set(cache.PACKAGED_LLMS)
     pinned = cache.PACKAGED_LLMS["qwen2.5-0.5b"].gguf_sha256  # its packages ship no checksum of their own
     assert pinned is not None and len(pinned) == 64
+
+
+def test_stt_model_names_resolve_to_packaged_folders_or_paths(whisper_cache: Path, tmp_path: Path) -> None:
+    assert whisper_source("base", whisper_cache) == str(whisper_cache / "whisper-base")
+    tiny = Path(whisper_source("tiny.en", whisper_cache))
+    assert tiny == whisper_cache / "whisper-tiny.en"
+    assert verify_folder(tiny, WHISPER_TINY_EN_SHA256, full=True)
+    assert whisper_source(str(tmp_path), whisper_cache) == str(tmp_path)  # a CTranslate2 folder, as given
+    with pytest.raises(ValueError, match="cache folder"):
+        whisper_source("tiny.en", None)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from parley.config import Settings
-from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source, whisper_base_dir
+from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source, whisper_source
 from parley.engines.device import resolve_device, single_threaded_blas
 from parley.engines.llm import LlmEngine, llm_runtime, load_llm
 from parley.engines.stt import SttEngine, load_stt
@@ -122,11 +122,4 @@ def prepare_models(settings: Settings) -> None:
 
 
 def _prepare_stt(settings: Settings, cache_dir: Path) -> object:
-    if settings.stt_model == "base":
-        return whisper_base_dir(cache_dir, full=True)
-    if Path(settings.stt_model).expanduser().is_dir():
-        return settings.stt_model
-    # A faster-whisper size or hub name: fetch it now (needs network) so that start-up does not.
-    from faster_whisper.utils import download_model
-
-    return download_model(settings.stt_model)
+    return whisper_source(settings.stt_model, cache_dir, full=True)

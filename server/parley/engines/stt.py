@@ -27,7 +27,7 @@ import numpy as np
 
 from parley.audio import to_float32
 from parley.config import Settings
-from parley.engines.cache import whisper_base_dir
+from parley.engines.cache import whisper_source
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads, prefer_avx512_for_ctranslate2, resolve_device
 from parley.log import event
@@ -187,16 +187,7 @@ class WhisperStt:
             prefer_avx512_for_ctranslate2()
         from faster_whisper import WhisperModel
 
-        if model == "base":
-            if cache_dir is None:
-                raise ValueError("the packaged Whisper model needs a cache folder")
-            source = str(whisper_base_dir(cache_dir))
-        elif Path(model).is_dir():
-            source = model
-        else:
-            from faster_whisper.utils import download_model
-
-            source = download_model(model)
+        source = whisper_source(model, cache_dir)
         self.device = device
         workers = max(1, workers)
         compute_type = "float16" if device == "cuda" else "int8"
@@ -224,6 +215,8 @@ class WhisperStt:
         self._eot = tokenizer.token_to_id("<|endoftext|>")
         token = tokenizer.token_to_id
         self._multilingual = bool(self._whisper.is_multilingual)
+        if not self._multilingual and language not in ("", "en"):
+            raise ValueError(f"Whisper {model!r} hears only English, not {language!r}")
         self._language = language if self._multilingual else "en"
         if self._multilingual and language and token(f"<|{language}|>") is None:
             raise ValueError(f"Whisper does not know the language {language!r}")
