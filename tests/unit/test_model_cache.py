@@ -17,8 +17,8 @@ from parley.engines.cache import (
     WHISPER_TINY_EN_SHA256,
     CacheError,
     ensure_folder,
+    packaged_whisper_dir,
     verify_folder,
-    whisper_base_dir,
     whisper_source,
 )
 
@@ -35,7 +35,7 @@ def bump_mtime(path: Path) -> None:
 
 
 def test_packaged_whisper_is_assembled_and_verified(whisper_cache: Path) -> None:
-    folder = whisper_base_dir(whisper_cache)
+    folder = packaged_whisper_dir(whisper_cache)
 
     assert folder == whisper_cache / "whisper-base"
     assert (folder / "model.bin").stat().st_size == WHISPER_BASE_SIZE
@@ -49,7 +49,7 @@ def test_packaged_whisper_is_assembled_and_verified(whisper_cache: Path) -> None
 def test_a_verified_cache_is_reused_without_hashing(
     whisper_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = whisper_base_dir(whisper_cache)
+    folder = packaged_whisper_dir(whisper_cache)
     inode = (folder / "model.bin").stat().st_ino
 
     def no_hashing(path: Path) -> str:
@@ -57,12 +57,12 @@ def test_a_verified_cache_is_reused_without_hashing(
 
     monkeypatch.setattr(cache, "sha256_file", no_hashing)
 
-    assert whisper_base_dir(whisper_cache) == folder
+    assert packaged_whisper_dir(whisper_cache) == folder
     assert (folder / "model.bin").stat().st_ino == inode
 
 
 def test_a_corrupted_model_is_detected_and_rebuilt(whisper_cache: Path) -> None:
-    folder = whisper_base_dir(whisper_cache)
+    folder = packaged_whisper_dir(whisper_cache)
     model = folder / "model.bin"
     with model.open("r+b") as f:
         f.seek(WHISPER_BASE_SIZE // 2)
@@ -72,13 +72,13 @@ def test_a_corrupted_model_is_detected_and_rebuilt(whisper_cache: Path) -> None:
     bump_mtime(model)
 
     assert not verify_folder(folder, WHISPER_BASE_SHA256)
-    whisper_base_dir(whisper_cache)
+    packaged_whisper_dir(whisper_cache)
 
     assert verify_folder(folder, WHISPER_BASE_SHA256, full=True)
 
 
 def test_a_full_check_finds_corruption_that_kept_size_and_mtime(whisper_cache: Path) -> None:
-    folder = whisper_base_dir(whisper_cache)
+    folder = packaged_whisper_dir(whisper_cache)
     vocabulary = folder / "vocabulary.json"
     st = vocabulary.stat()
     data = bytearray(vocabulary.read_bytes())
@@ -88,14 +88,14 @@ def test_a_full_check_finds_corruption_that_kept_size_and_mtime(whisper_cache: P
 
     assert verify_folder(folder, WHISPER_BASE_SHA256)  # the start-up fast path trusts size and mtime
     assert not verify_folder(folder, WHISPER_BASE_SHA256, full=True)
-    whisper_base_dir(whisper_cache, full=True)  # what `parley prepare` does
+    packaged_whisper_dir(whisper_cache, full=True)  # what `parley prepare` does
 
     assert verify_folder(folder, WHISPER_BASE_SHA256, full=True)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "manifest"])
 def test_other_damage_is_detected_and_rebuilt(whisper_cache: Path, damage: str) -> None:
-    folder = whisper_base_dir(whisper_cache)
+    folder = packaged_whisper_dir(whisper_cache)
     if damage == "truncate":
         (folder / "config.json").write_text("{}")
     elif damage == "delete":
@@ -104,7 +104,7 @@ def test_other_damage_is_detected_and_rebuilt(whisper_cache: Path, damage: str) 
         (folder / MANIFEST).write_text("not json")
 
     assert not verify_folder(folder, WHISPER_BASE_SHA256)
-    whisper_base_dir(whisper_cache)
+    packaged_whisper_dir(whisper_cache)
 
     assert verify_folder(folder, WHISPER_BASE_SHA256, full=True)
 
@@ -112,7 +112,7 @@ def test_other_damage_is_detected_and_rebuilt(whisper_cache: Path, damage: str) 
 def test_a_touched_file_is_rehashed_once_and_then_trusted(
     whisper_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = whisper_base_dir(whisper_cache)
+    folder = packaged_whisper_dir(whisper_cache)
     bump_mtime(folder / "config.json")
     hashed: list[str] = []
     real = cache.sha256_file

