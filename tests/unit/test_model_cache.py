@@ -10,15 +10,12 @@ import pytest
 
 from parley.config import Settings
 from parley.engines import cache
-from parley.engines.cache import (
-    MANIFEST,
+from parley.engines.cache import MANIFEST, CacheError, ensure_folder, verify_folder
+from parley.engines.whisper_cache import (
     WHISPER_BASE_SHA256,
     WHISPER_BASE_SIZE,
     WHISPER_TINY_EN_SHA256,
-    CacheError,
-    ensure_folder,
     packaged_whisper_dir,
-    verify_folder,
     whisper_source,
 )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from parley.config import Settings
-from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source, whisper_source
+from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source
 from parley.engines.device import resolve_device, single_threaded_blas
 from parley.engines.llm import LlmEngine, llm_runtime, load_llm
 from parley.engines.stt import SttEngine, load_stt
@@ -23,6 +23,7 @@ from parley.engines.tts import TtsEngine, load_tts, voice_files
 from parley.engines.turn_end import SmartTurn, load_turn_end, turn_model_path
 from parley.engines.vad import VadEngine, load_vad, packaged_silero_path
 from parley.engines.vad_batching import VadWorker
+from parley.engines.whisper_cache import whisper_source
 from parley.log import event
 
 log = logging.getLogger(__name__)

@@ -27,9 +27,9 @@ import numpy as np
 
 from parley.audio import to_float32
 from parley.config import Settings
-from parley.engines.cache import whisper_source
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads, prefer_avx512_for_ctranslate2, resolve_device
+from parley.engines.whisper_cache import whisper_source
 from parley.log import event
 from parley.text import normalise_words
 
