@@ -7,7 +7,8 @@ them it tends to repeat a short utterance over and over into the padding, with t
 where the speech ends, and any segment that starts after the real audio is dropped. Requests from all
 calls go through one queue; each worker takes whatever is waiting, has the batch encoded on every core
 (one batch at a time) and decodes it on its own core: the encoder is matrix work that threads shorten, the
-decoder a token at a time, faster on one thread than on two.
+decoder a token at a time, faster on one thread than on two. What the tokens mean (segments, the odds of a
+first word, which text to keep) is read in `engines/whisper_text.py`.
 """
 
 from __future__ import annotations
@@ -30,15 +31,21 @@ from parley.config import Settings
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads, prefer_avx512_for_ctranslate2, resolve_device
 from parley.engines.whisper_cache import whisper_source
+from parley.engines.whisper_text import (
+    MAX_TEXT_CHARS,
+    SAMPLE_RATE,
+    SILENT_PEAK,
+    Segment,
+    WhisperTokens,
+    clean,
+    quiet_cut,
+    speech_end,
+)
 from parley.log import event
-from parley.text import normalise_words
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16000
 HOP = 160
-TIME_PRECISION = 0.02  # seconds per Whisper timestamp token
-SEGMENT_SLACK_S = 0.2
 MAX_FRAMES = 3000  # Whisper's encoder has position embeddings for 30 s
 TAIL_PADDING = SAMPLE_RATE  # one second of trailing silence
 # Whisper was trained on 30 s windows. On 11 questions received over WebRTC (Opus) here, word errors were
@@ -47,26 +54,7 @@ TAIL_PADDING = SAMPLE_RATE  # one second of trailing silence
 MIN_CONTEXT_SAMPLES = 12 * SAMPLE_RATE
 WINDOW_SAMPLES = MAX_FRAMES * HOP - TAIL_PADDING - HOP
 MIN_SAMPLES = SAMPLE_RATE // 10
-CUT_FRAME = 320  # 20 ms
-CUT_SEARCH = 100 * CUT_FRAME  # look for a pause in the last 2 s of a window
-SILENT_PEAK = 1e-3  # about -60 dBFS: nothing Whisper could hear
-MAX_TEXT_CHARS = 2000
 MIN_RESUME_S = 1.0  # a cut-off segment this early in a window: move on rather than risk no progress
-
-# What Whisper says when it hears nothing: its training data had these under silent video ends.
-HALLUCINATIONS = frozenset(
-    {
-        "you",
-        "thank you",
-        "thanks",
-        "thank you very much",
-        "thanks for watching",
-        "thank you for watching",
-        "thank you so much for watching",
-        "please subscribe",
-        "subtitles by the amara org community",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -101,15 +89,8 @@ class SttEngine(Protocol):
 
 
 @dataclass(frozen=True)
-class _Segment:
-    start: float  # seconds into the window
-    text: str
-    complete: bool  # closed by an end timestamp; an open one ran past the end of the window
-
-
-@dataclass(frozen=True)
 class _Decoded:
-    segments: tuple[_Segment, ...]
+    segments: tuple[Segment, ...]
     no_speech_prob: float
     avg_logprob: float
     weighed: Mapping[str, float] = field(default_factory=dict)
@@ -138,36 +119,6 @@ class SttClosed(RuntimeError):
 
 class SttCancelled(RuntimeError):
     """The audio was no longer wanted when its turn came (`transcribe`'s `wanted`)."""
-
-
-def _quiet_cut(samples: np.ndarray, end: int) -> int:
-    """The quietest 20 ms in the 2 s before `end`: where a long utterance is cut between two windows."""
-    frames = samples[end - CUT_SEARCH : end].reshape(-1, CUT_FRAME)
-    quietest = int(np.argmin(np.square(frames).mean(axis=1)))
-    return end - CUT_SEARCH + quietest * CUT_FRAME + CUT_FRAME // 2
-
-
-def _speech_end(samples: np.ndarray) -> float:
-    """Seconds until the last sound within 34 dB of the peak, plus Whisper's timestamp slack.
-
-    Whisper's timestamps are coarse: after "thank you" it may close the segment at 1.00 s and start the
-    same words again there, in the trailing silence. A segment that starts after the last sound is that.
-    On a noisy line the floor reaches the end and nothing is dropped.
-    """
-    level = max(SILENT_PEAK, 0.02 * float(np.max(np.abs(samples))))
-    loud = np.flatnonzero(np.abs(samples) >= level)
-    last = int(loud[-1]) if loud.size else samples.size
-    return last / SAMPLE_RATE + SEGMENT_SLACK_S
-
-
-def _clean(text: str, no_speech_prob: float, avg_logprob: float) -> str:
-    text = " ".join(text.split())[:MAX_TEXT_CHARS]
-    # Whisper's own rule for a silent window, then its usual inventions on noise.
-    if no_speech_prob > 0.6 and avg_logprob < -1.0:
-        return ""
-    if no_speech_prob > 0.3 and normalise_words(text) in HALLUCINATIONS:
-        return ""
-    return text
 
 
 class WhisperStt:
@@ -212,7 +163,7 @@ class WhisperStt:
         self._encoding = threading.Lock()
         tokenizer = self._model.hf_tokenizer
         self._tokenizer = tokenizer
-        self._eot = tokenizer.token_to_id("<|endoftext|>")
+        self._tokens = WhisperTokens(tokenizer)
         token = tokenizer.token_to_id
         self._multilingual = bool(self._whisper.is_multilingual)
         if not self._multilingual and language not in ("", "en"):
@@ -222,9 +173,7 @@ class WhisperStt:
             raise ValueError(f"Whisper does not know the language {language!r}")
         self._sot = token("<|startoftranscript|>")
         self._transcribe = token("<|transcribe|>")
-        self._timestamp_begin = token("<|notimestamps|>") + 1
         self._max_batch = max(1, max_batch)
-        self._tokens_of: dict[str, tuple[int, ...]] = {}
         # (priority, order, window): urgent windows first, then in order; the stop sentinels (None) last.
         self._queue: queue.PriorityQueue[tuple[int, int, _Window | None]] = queue.PriorityQueue()
         self._order = itertools.count()
@@ -257,7 +206,7 @@ class WhisperStt:
         start = 0
         while samples.size - start >= MIN_SAMPLES:
             last = samples.size - start <= WINDOW_SAMPLES
-            end = samples.size if last else _quiet_cut(samples, start + WINDOW_SAMPLES)
+            end = samples.size if last else quiet_cut(samples, start + WINDOW_SAMPLES)
             chunk = samples[start:end]
             # Feature extraction is numpy work: doing it here spreads it over the callers' threads.
             padding = max(TAIL_PADDING, MIN_CONTEXT_SAMPLES - chunk.size)
@@ -276,13 +225,13 @@ class WhisperStt:
             open_starts = [seg.start for seg in decoded.segments if not seg.complete]
             resume = open_starts[-1] if open_starts and not last else 0.0
             resuming = resume >= MIN_RESUME_S
-            speech_end = _speech_end(chunk)
+            ends = speech_end(chunk)
             kept = [
                 seg.text
                 for seg in decoded.segments
-                if seg.start < speech_end and (seg.complete or not resuming) and seg.text
+                if seg.start < ends and (seg.complete or not resuming) and seg.text
             ]
-            texts.append(_clean(" ".join(kept), decoded.no_speech_prob, decoded.avg_logprob))
+            texts.append(clean(" ".join(kept), decoded.no_speech_prob, decoded.avg_logprob))
             if last:
                 break
             start = start + int(resume * SAMPLE_RATE) if resuming else end
@@ -408,8 +357,8 @@ class WhisperStt:
         out = []
         for window, result in zip(windows, results, strict=True):
             score = float(result.scores[0]) if result.scores else 0.0
-            segments = self._segments(result.sequences_ids[0])
-            weighed = self._first_word_odds(window, result) if weighing else {}
+            segments = self._tokens.segments(result.sequences_ids[0])
+            weighed = self._tokens.first_word_odds(window.weigh, result) if weighing else {}
             out.append(_Decoded(segments, float(result.no_speech_prob), score, weighed))
         event(
             log,
@@ -441,50 +390,6 @@ class WhisperStt:
                 return view
             encoded.append(np.asarray(view))
         return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.concatenate(encoded)))
-
-    def _first_word_odds(self, window: _Window, result: Any) -> dict[str, float]:
-        """The odds Whisper gave each word `window` weighs to be the first it wrote: its distribution over
-        text tokens where the decode wrote its first one."""
-        ids = result.sequences_ids[0]
-        first = next((i for i, token in enumerate(ids) if token < self._eot), None)
-        if not window.weigh or first is None or first >= len(result.logits[0]):
-            return {}
-        logits = np.asarray(result.logits[0][first], dtype=np.float64).reshape(-1)[: self._eot]
-        p = np.exp(logits - logits.max())
-        p /= p.sum()
-        return {word: float(sum(p[t] for t in self._word_tokens(word))) for word in window.weigh}
-
-    def _word_tokens(self, word: str) -> tuple[int, ...]:
-        """The tokens that write `word` whole at the start of a text: " Stop" and " stop"; none when
-        the word takes more than one token (its first piece would stand for other words too)."""
-        tokens = self._tokens_of.get(word)
-        if tokens is None:
-            spelt = {
-                tuple(self._tokenizer.encode(f" {form}", add_special_tokens=False).ids)
-                for form in (word.capitalize(), word)
-            }
-            tokens = tuple(ids[0] for ids in spelt if len(ids) == 1)
-            self._tokens_of[word] = tokens
-        return tokens
-
-    def _segments(self, ids: list[int]) -> tuple[_Segment, ...]:
-        """Split a timestamped decode (<|t0|> text <|t1|><|t1|> text <|t2|> ...) into segments."""
-        segments: list[_Segment] = []
-        text: list[int] = []
-        start: float | None = None
-        for token in ids:
-            if token >= self._timestamp_begin:
-                at = (token - self._timestamp_begin) * TIME_PRECISION
-                if start is None:
-                    start = at
-                else:
-                    segments.append(_Segment(start, self._tokenizer.decode(text).strip(), True))
-                    text, start = [], None
-            elif token < self._eot:
-                text.append(token)
-        if start is not None or text:
-            segments.append(_Segment(start or 0.0, self._tokenizer.decode(text).strip(), False))
-        return tuple(segments)
 
 
 def load_stt(settings: Settings) -> WhisperStt:
