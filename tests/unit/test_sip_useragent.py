@@ -125,7 +125,7 @@ async def start() -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
             peer.close()
         assert not runtime.registry.active()
         if ua is not None:
-            assert not ua.legs and not ua._tasks and not ua._setups
+            assert not ua.legs and not ua._tasks and not ua.setups
             assert not ua.layer.server and not ua.layer.client
             assert not ua.endpoint._tasks and not ua.endpoint._connections
         for call_id in list(runtime.registry._ended):

@@ -24,8 +24,9 @@ from parley.transports.sip.media import RtpStream
 from parley.transports.sip.message import SipRequest, SipResponse, new_branch, new_call_id, new_tag
 from parley.transports.sip.sdp import SdpError, negotiated_from_answer, offer, parse_sdp
 from parley.transports.sip.transactions import ClientTransaction, Peer
+from parley.transports.sip.uas import ALLOW
 from parley.transports.sip.uri import SipError, SipUri, bare_host
-from parley.transports.sip.useragent import ALLOW, SipUserAgent
+from parley.transports.sip.useragent import SipUserAgent
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The SIP user agent of the service: a trunk endpoint that answers calls into the agent (UAS).
 
 Requests are matched to transactions (retransmissions absorbed there), then handled by method:
-INVITE opens a Call through `open_call` (100, 180, then 200 with the SDP answer, retransmitted until
-the ACK), CANCEL ends a call still ringing (200, then 487), BYE ends a call, a re-INVITE changes its
+a new INVITE is answered into a Call by `uas.py` (100, 180, then 200 with the SDP answer, retransmitted
+until the ACK), CANCEL ends a call still ringing (200, then 487), BYE ends a call, a re-INVITE changes its
 media (hold, a new address or codec), INFO carries DTMF, OPTIONS answers health checks, NOTIFY reports
 on a transfer we asked for with REFER (RFC 3515; refer.py). Other methods get 405 (known) or 501.
 Outbound calls are dialled by `parley.transports.sip.uac`.
@@ -16,19 +16,16 @@ import functools
 import ipaddress
 import logging
 import socket
-import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 from parley import metrics
 from parley.call import Call
 from parley.config import rtp_port_range, sip_address
 from parley.log import event
-from parley.runtime import CallRefused, Runtime
-from parley.transports.base import CallSetupFailed, HangUp, open_call
+from parley.runtime import Runtime
 from parley.transports.sip.dialog import Dialog, DialogId
-from parley.transports.sip.digest import DigestAuthenticator, Verdict
+from parley.transports.sip.digest import DigestAuthenticator
 from parley.transports.sip.dtmf import info_digit
 from parley.transports.sip.endpoint import SipEndpoint
 from parley.transports.sip.leg import SIP_RATE, SipLeg
@@ -44,23 +41,12 @@ from parley.transports.sip.message import (
 from parley.transports.sip.refer import EVENT_PACKAGE, SIPFRAG, sipfrag_status, subscription_terminated
 from parley.transports.sip.sdp import SdpError, answer, parse_sdp
 from parley.transports.sip.transactions import Key, Peer, ServerTransaction, TransactionLayer, server_key
-from parley.transports.sip.uri import SipError, SipUri
+from parley.transports.sip.uas import ALLOW, USER_AGENT, Setup, receive_invite, warning
 
 log = logging.getLogger(__name__)
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY"
 KNOWN_UNSUPPORTED = frozenset({"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "REFER", "UPDATE", "PRACK"})
 DTMF_TYPES = ("application/dtmf-relay", "application/dtmf")
-USER_AGENT = "parley"
-
-
-@dataclass
-class _Setup:
-    """An INVITE being answered: what a CANCEL needs to stop it."""
-
-    tx: ServerTransaction
-    to_tag: str
-    cancelled: asyncio.Event
 
 
 class SipUserAgent:
@@ -73,9 +59,9 @@ class SipUserAgent:
         self.endpoint = SipEndpoint(self._on_message)
         self.layer = TransactionLayer(self.endpoint.send)
         self.legs: dict[DialogId, SipLeg] = {}
-        self._setups: dict[Key, _Setup] = {}
+        self.setups: dict[Key, Setup] = {}  # INVITEs being answered (uas.py), for a CANCEL
         self._tasks: set[asyncio.Task[None]] = set()
-        self._allow = [ipaddress.ip_network(net, strict=False) for net in settings.sip_allow]
+        self.allow = [ipaddress.ip_network(net, strict=False) for net in settings.sip_allow]
         self.auth = (
             DigestAuthenticator(settings.sip_realm, settings.sip_auth_user, settings.sip_auth_password)
             if settings.sip_auth_user
@@ -166,13 +152,13 @@ class SipUserAgent:
             tx.respond(501, headers=(("Allow", ALLOW),))
 
     def _allowed(self, host: str) -> bool:
-        if not self._allow:
+        if not self.allow:
             return True
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
             return False
-        return any(address in network for network in self._allow)
+        return any(address in network for network in self.allow)
 
     def _dialog_leg(self, tx: ServerTransaction, request: SipRequest) -> SipLeg | None:
         """The call an in-dialog request belongs to; None, answered, when there is none (481) or the
@@ -194,137 +180,8 @@ class SipUserAgent:
     def _on_invite(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
         if request.to_tag:
             self._on_reinvite(tx, request)
-            return
-        try:
-            if not self._allow:  # a trunk on --sip-allow carries many callers from one address
-                self.runtime.check_source("sip", source.host)
-        except CallRefused as exc:  # a flood of INVITEs from one source: refused before any work
-            tx.respond(503, "Too Many Calls", headers=(("Retry-After", str(exc.retry_after_s)),))
-            return
-        tx.respond(100)
-        if request.headers.get("Max-Forwards") == "0":
-            tx.respond(483)
-            return
-        if not self._authorised(tx, request):
-            return
-        self.spawn(self._answer(tx, request, source))
-
-    def _authorised(self, tx: ServerTransaction, request: SipRequest) -> bool:
-        if self.auth is None:
-            return True
-        credentials = request.headers.get("Authorization")
-        verdict = self.auth.verify(credentials, request.method, request.uri) if credentials else Verdict.BAD
-        if verdict is Verdict.OK:
-            return True
-        if credentials and verdict is Verdict.BAD:
-            metrics.CALLS_REFUSED_TOTAL.labels(transport="sip", reason="unauthorised").inc()
-        challenge = self.auth.challenge(stale=verdict is Verdict.STALE)
-        tx.respond(401, headers=(("WWW-Authenticate", challenge),))
-        return False
-
-    async def _answer(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
-        content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        if not request.body:
-            tx.respond(488, headers=(_warning("an SDP offer in the INVITE is required"),))
-            return
-        if content_type != "application/sdp":
-            tx.respond(415, headers=(("Accept", "application/sdp"),))
-            return
-        agent = self.runtime.agent_for_sip_user(_request_user(request))
-        if agent is None:
-            tx.respond(404, headers=(_warning("no agent answers this number"),))
-            return
-        setup = _Setup(tx, tx.local_tag, asyncio.Event())
-        if tx.final_sent:
-            # A CANCEL handled before this task ran (both in one TCP read) got its 487 already: the
-            # call must not be answered after that (9.2), only recorded as cancelled.
-            setup.cancelled.set()
-        self._setups[tx.key] = setup
-        try:
-            offer = parse_sdp(request.body.decode("utf-8", errors="replace"))
-            await open_call(
-                self.runtime, "sip", SIP_RATE, self._answering(setup, request, offer, source), agent=agent
-            )
-        except CallRefused as exc:
-            tx.respond(503, to_tag=setup.to_tag, headers=(("Retry-After", str(exc.retry_after_s)),))
-        except SdpError as exc:
-            tx.respond(488, to_tag=setup.to_tag, headers=(_warning(str(exc)),))
-        except CallSetupFailed:
-            pass  # cancelled: the 487 went out with the CANCEL's 200
-        except OSError as exc:
-            event(log, "rtp_ports_exhausted", logging.ERROR, error=str(exc))
-            tx.respond(503, to_tag=setup.to_tag, headers=(("Retry-After", "5"),))
-        finally:
-            self._setups.pop(tx.key, None)
-
-    def _answering(self, setup: _Setup, request: SipRequest, offer: Any, source: Peer) -> Any:
-        async def connect(call: Call, hang_up: HangUp) -> SipLeg:
-            call.caller = str(request.from_addr.uri)
-            call.called = str(request.to_addr.uri)
-            # The SIP headers the agent file names become variables (X-Customer-Id -> x_customer_id).
-            for header in call.agent.sip_headers:
-                value = request.headers.get(header)
-                if value is not None:
-                    call.context[header.lower().replace("-", "_")] = value[:1024]
-            call.set_state("ringing")
-            rtp = await self.open_rtp(call)
-            try:
-                return await self._connect_answered(call, hang_up, setup, request, offer, source, rtp)
-            except BaseException:
-                rtp.close()
-                raise
-
-        return connect
-
-    async def _connect_answered(
-        self,
-        call: Call,
-        hang_up: HangUp,
-        setup: _Setup,
-        request: SipRequest,
-        offer: Any,
-        source: Peer,
-        rtp: RtpStream,
-    ) -> SipLeg:
-        session = int(time.time())
-        sdp, negotiated = answer(
-            offer, address=self.public_host, port=rtp.local_port, session_id=session, session_version=1
-        )
-        rtp.configure(negotiated)
-        contact = self.contact(source.transport)
-        setup.tx.respond(180, to_tag=setup.to_tag, headers=(("Contact", contact),))
-        ring_s = self.settings.sip_ring_ms / 1000
-        if ring_s > 0 and not setup.cancelled.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(setup.cancelled.wait(), ring_s)
-        if setup.cancelled.is_set():
-            raise CallSetupFailed("cancelled", "the caller cancelled before the answer")
-        dialog = Dialog.as_uas(request, setup.to_tag, contact, self.sent_by(), source)
-        leg = SipLeg(self, call, dialog, rtp, hang_up, self.settings.rtp_timeout_s)
-        leg.local_sdp, leg.sdp_session = sdp, session
-        headers = [("Contact", contact), ("Allow", ALLOW), ("X-Parley-Call-Id", call.call_id)]
-        headers += [("Record-Route", value) for value in request.headers.get_all("Record-Route")]
-        ok = make_response(
-            request,
-            200,
-            to_tag=setup.to_tag,
-            headers=headers,
-            body=sdp.encode(),
-            content_type="application/sdp",
-        )
-        setup.tx.send_response(ok)
-        self.legs[dialog.id] = leg
-        leg.await_ack(ok, setup.tx.peer)
-        leg.start_media()
-        event(
-            log,
-            "sip_answered",
-            call_id=call.call_id,
-            caller=call.caller,
-            codec=negotiated.codec,
-            rtp=f"{negotiated.remote_address}:{negotiated.remote_port}",
-        )
-        return leg
+        else:
+            receive_invite(self, tx, request, source)  # a new call (uas.py)
 
     def rtp_host(self) -> str:
         return self.bind_host
@@ -360,7 +217,7 @@ class SipUserAgent:
                     session_version=leg.sdp_version,
                 )
             except SdpError as exc:
-                tx.respond(488, headers=(_warning(str(exc)),))
+                tx.respond(488, headers=(warning(str(exc)),))
                 return
             leg.rtp.configure(negotiated)
             leg.local_sdp = body
@@ -397,7 +254,7 @@ class SipUserAgent:
         if invite.final_sent:
             return  # too late: the call was answered (or refused) already
         invite.respond(487)
-        setup = self._setups.get(server_key(request, "INVITE"))
+        setup = self.setups.get(server_key(request, "INVITE"))
         if setup is not None:
             setup.cancelled.set()
         event(log, "sip_cancelled", sip_call_id=request.call_id)
@@ -454,26 +311,12 @@ class SipUserAgent:
             try:
                 status, reason = sipfrag_status(request.body)
             except ValueError as exc:
-                tx.respond(400, "Bad sipfrag", headers=(_warning(str(exc)),))
+                tx.respond(400, "Bad sipfrag", headers=(warning(str(exc)),))
                 return
         tx.respond(200)
         subscription.notified(
             status, reason, subscription_terminated(request.headers.get("Subscription-State"))
         )
-
-
-def _request_user(request: SipRequest) -> str:
-    """The request-URI's user (a number, an extension, an agent's name); '' when it has none."""
-    try:
-        return SipUri.parse(request.uri).user or ""
-    except SipError:
-        return ""
-
-
-def _warning(text: str) -> tuple[str, str]:
-    """A Warning header (RFC 3261 20.43) carrying our reason; 399 is the miscellaneous code."""
-    clean = text.replace('"', "'").replace("\r", " ").replace("\n", " ")[:200]
-    return ("Warning", f'399 {USER_AGENT} "{clean}"')
 
 
 def _reachable_address(host: str) -> str:
