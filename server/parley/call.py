@@ -5,6 +5,8 @@ blocks), keypad digits to `dtmf_received`, and pulls 20 ms frames from `outbound
 call tells it about events and flushed audio through `attach`. The call owns its stage threads and
 queues, its turn tracker, cancel scope and history, and acts on the turn-taker's decisions: pause,
 resume, interrupt, reopen. `end()` stops everything it started; `join()` waits for the threads.
+Beside it: the turn-taker's decisions (call_turns.py), what the caller hears of each reply and its commit
+(call_replies.py), and what the agent does to its line (call_actions.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from parley.agent.templates import render
 from parley.agent.tools import ToolRunner
 from parley.audio import PIPELINE_RATE, StreamResampler
 from parley.call_actions import AgentActions
+from parley.call_replies import GREETING_KEY, HeardReplies
 from parley.call_turns import TurnDecisions
 from parley.config import Settings
 from parley.engines import Engines
@@ -69,7 +72,6 @@ class CallListener(Protocol):
 
 
 INBOUND_QUEUE_FRAMES = 250  # 5 s of audio: beyond that the VAD is hopelessly behind; drop the oldest
-GREETING_KEY = "greeting"
 
 
 class Call:
@@ -97,7 +99,8 @@ class Call:
         self.scope = CancelScope()
         self.speculation = SpeculativeReplies()  # the reply started at a pause, before its turn ended
         self.conversation = Conversation(settings.system_prompt, settings.history_turns)
-        self.outbound = Outbound(outbound_rate, gate=self._may_play, listener=self)
+        self.replies = HeardReplies(self)  # what the caller hears of each reply, and its commit
+        self.outbound = Outbound(outbound_rate, gate=self._may_play, listener=self.replies)
         self._listener: CallListener | None = None
         self.agent = agent or default_agent(settings.system_prompt, settings.greeting)
         # Where the call's events for the team's backend go (tool.called, call.transferred); set by the
@@ -309,6 +312,15 @@ class Call:
 
         return unwatch
 
+    def audio_flushed(self) -> None:
+        """Tell the transport that the audio queued for the caller was dropped (a carrier clears its own)."""
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener.audio_flushed()
+            except Exception:
+                log.exception("flush_notice_failed", extra={"call_id": self.call_id})
+
     def emit(self, payload: dict[str, Any]) -> None:
         for deliver in (self._listener.deliver_event if self._listener else None, *self._watchers):
             if deliver is None:
@@ -384,65 +396,6 @@ class Call:
         for q in (self.stt_in, self.llm_in, self.tts_in):
             q.flush()
 
-    # outbound listener (the transport's thread or event loop)
-
-    def on_segment_started(self, response: Response, text: str, first: bool) -> None:
-        key = _turn_key(response)
-        if first:
-            self._set_state("agent_speaking")
-            latency = response.response_s
-            if latency is not None:
-                metrics.RESPONSE_LATENCY.observe(latency)
-            self.emit(
-                {
-                    "type": "latency",
-                    "turn_id": key,
-                    "response_s": _round(latency),
-                    "stt_s": _round(response.stt_s),
-                    "llm_first_token_s": _round(response.llm_first_token_s),
-                    "tts_first_audio_s": _round(response.tts_first_audio_s),
-                    "timeline": response.timeline(),
-                }
-            )
-            event(log, "reply_started", call_id=self.call_id, turn_id=key, response_s=_round(latency))
-        if text:
-            self.emit({"type": "agent_text", "turn_id": key, "text": text})
-
-    def on_response_ended(self, response: Response, latest: bool) -> None:
-        self.scope.response_done(response.tag.generation)
-        self.drop_active(response)
-        if latest and not self.scope.is_stale(response.tag.generation):
-            self.commit(response, interrupted=False)
-            if self.actions.hang_up_due and self.line is not None:
-                # The agent said goodbye (end_call) and the caller has now heard all of it.
-                self.line.hang_up("agent_hangup")
-        if not self.agent_active() and not self.turns.in_turn:
-            self._set_state("listening")
-
-    def on_end_of_call(self, reason: str) -> None:
-        self._set_state("ended")
-
-    def on_flushed(self) -> None:
-        listener = self._listener
-        if listener is not None:
-            try:
-                listener.audio_flushed()
-            except Exception:
-                log.exception("flush_notice_failed", extra={"call_id": self.call_id})
-
-    def commit(self, response: Response, *, interrupted: bool) -> None:
-        """The reply enters the history as far as the caller heard it."""
-        tag = response.tag
-        key = _turn_key(response)
-        heard = response.heard_text()
-        if tag.turn_id is not None and tag.revision is not None:
-            self.tracker.commit(tag.turn_id, tag.revision)
-        self.conversation.commit_agent(key, heard, interrupted=interrupted, response_s=response.response_s)
-        outcome = "interrupted" if interrupted else "committed"
-        metrics.COMMITS_TOTAL.labels(outcome=outcome).inc()
-        self.emit({"type": "agent_done", "turn_id": key, "text": heard, "interrupted": interrupted})
-        event(log, "reply_committed", call_id=self.call_id, turn_id=key, outcome=outcome, text=heard)
-
     def _say(self, text: str) -> None:
         response = Response(Tag(None, None, self.scope.generation))
         self.make_active(response)
@@ -483,12 +436,3 @@ class Call:
             "ended_reason": self.end_reason,
             "transcript": self.conversation.snapshot(),
         }
-
-
-def _turn_key(response: Response) -> str:
-    """The response's turn in the history and in events (the greeting has no turn of its own)."""
-    return response.tag.turn_id or GREETING_KEY
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)

@@ -69,7 +69,7 @@ class TurnDecisions:
         if active is not None and active not in cut and active is not draft:
             cut.append(active)
         for response in cut:
-            call.commit(response, interrupted=True)
+            call.replies.commit(response, interrupted=True)
         stop_s = max(0.0, paused_at - onset_arrived_at)
         metrics.BARGE_INS_TOTAL.inc()
         if had_audio:
