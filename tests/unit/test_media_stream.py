@@ -24,8 +24,7 @@ from parley.audio import alaw_encode, ulaw_decode, ulaw_encode
 from parley.call import Call
 from parley.config import Settings, SettingsError
 from parley.transports import media_stream
-from parley.transports.media_stream import TOKEN_PARAMETER
-from parley.transports.twilio import twilio_signature
+from parley.transports.twilio import TOKEN_PARAMETER, twilio_signature
 from tests.doubles import loud, make_engines, quiet
 
 PUBLIC = "https://parley.example.com"

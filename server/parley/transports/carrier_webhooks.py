@@ -1,6 +1,7 @@
 """The carrier's webhooks: `POST /<carrier>/voice` answers an incoming call with markup that connects it
-to our media stream (media_stream.py), and `POST /<carrier>/connect-action` tells the carrier what next
-once the stream has closed (a transfer's `<Dial>`, else `<Hangup/>`). Both check the carrier's signature.
+to our media stream (opened in stream_opening.py, run in media_stream.py), and `POST
+/<carrier>/connect-action` tells the carrier what next once the stream has closed (a transfer's `<Dial>`,
+else `<Hangup/>`). Both check the carrier's signature.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from parley.transports.media_stream import (
     Carrier,
     Handler,
     Handoffs,
-    stream_handler,
 )
+from parley.transports.stream_opening import stream_handler
 from parley.transports.telnyx import Telnyx
 from parley.transports.twilio import (
     CALL_ID_PARAM,
