@@ -53,6 +53,10 @@ DEFAULT_BACKCHANNELS = (
     "alright",
     "all right",
     "right",
+    # "right" as Whisper writes it over G.711 for some voices: "Ripe." (espeak-ng en-us and four British
+    # voices, 5 of 6 such misses in `bench backchannels --voices all`) and "Rive" (a carrier stream)
+    "ripe",
+    "rive",
     "sure",
     "exactly",
     "amen",  # agreement ("mm" came out "Amen." in four espeak-ng voices and Piper's)

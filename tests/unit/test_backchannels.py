@@ -42,6 +42,8 @@ def heard(text: str, logprob: float = -0.8) -> Transcription:
         "Oh my God!",
         "O.",  # "oh" as Whisper writes it for some voices
         "Amen.",
+        "Ripe.",  # "right" over G.711, as Whisper wrote it for espeak-ng en-us and four British voices
+        "Rive",  # "right" over a carrier stream
         "Wow!",
         "Okay.",
         "Ah, okay.",
@@ -93,6 +95,7 @@ def test_fillers_exclamations_backchannels_and_laughs_let_the_agent_go_on(text: 
         "The time?",  # a function word with more: words
         "Mum.",  # not "m" + "um": single letters are no backchannel pieces
         "Ohno.",  # "oh" + "no": "no" is no backchannel
+        "Ripe already?",  # a misheard "right" with more: words
     ],
 )
 def test_words_interrupt_the_agent(text: str) -> None:
