@@ -52,7 +52,7 @@ class Setup:
 def receive_invite(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
     """A new call's INVITE (no To-tag): refused at once, or answered in a task of the user agent."""
     try:
-        if not ua.allow:  # a trunk on --sip-allow carries many callers from one address
+        if not ua.allowed_networks:  # a trunk on --sip-allow carries many callers from one address
             ua.runtime.check_source("sip", source.host)
     except CallRefused as exc:  # a flood of INVITEs from one source: refused before any work
         tx.respond(503, "Too Many Calls", headers=(("Retry-After", str(exc.retry_after_s)),))

@@ -61,7 +61,7 @@ class SipUserAgent:
         self.legs: dict[DialogId, SipLeg] = {}
         self.setups: dict[Key, Setup] = {}  # INVITEs being answered (uas.py), for a CANCEL
         self._tasks: set[asyncio.Task[None]] = set()
-        self.allow = [ipaddress.ip_network(net, strict=False) for net in settings.sip_allow]
+        self.allowed_networks = [ipaddress.ip_network(net, strict=False) for net in settings.sip_allow]
         self.auth = (
             DigestAuthenticator(settings.sip_realm, settings.sip_auth_user, settings.sip_auth_password)
             if settings.sip_auth_user
@@ -152,13 +152,13 @@ class SipUserAgent:
             tx.respond(501, headers=(("Allow", ALLOW),))
 
     def _allowed(self, host: str) -> bool:
-        if not self.allow:
+        if not self.allowed_networks:
             return True
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
             return False
-        return any(address in network for network in self.allow)
+        return any(address in network for network in self.allowed_networks)
 
     def _dialog_leg(self, tx: ServerTransaction, request: SipRequest) -> SipLeg | None:
         """The call an in-dialog request belongs to; None, answered, when there is none (481) or the
