@@ -11,17 +11,16 @@ from dataclasses import dataclass, field
 from parley.settings_option import opt as _opt
 
 # Said over the agent, these (alone or together: "oh wow", "uh-huh, okay") let it go on talking; spelling
-# variants are folded ("hmmm" is "hmm", "hahaha" is "ha"). See pipeline/backchannels.py.
+# variants are folded ("hmmm" is "hmm", "hahaha" is "ha", Whisper's "Ripe." over G.711 is "right"), so a
+# list names the words as said. See pipeline/backchannels.py.
 DEFAULT_BACKCHANNELS = (
     # fillers and non-lexical sounds
     "uh",
     "um",
     "er",
     "erm",
-    "em",  # "um" as Whisper writes it for some voices ("hmm" over G.711 came out "em.")
     "ah",
     "oh",
-    "o",  # "oh" as Whisper writes it for some voices ("O.")
     "ooh",
     "eh",
     "hmm",
@@ -53,10 +52,6 @@ DEFAULT_BACKCHANNELS = (
     "alright",
     "all right",
     "right",
-    # "right" as Whisper writes it over G.711 for some voices: "Ripe." (espeak-ng en-us and four British
-    # voices, 5 of 6 such misses in `bench backchannels --voices all`) and "Rive" (a carrier stream)
-    "ripe",
-    "rive",
     "sure",
     "exactly",
     "amen",  # agreement ("mm" came out "Amen." in four espeak-ng voices and Piper's)

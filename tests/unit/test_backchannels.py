@@ -146,6 +146,13 @@ def test_spelling_variants_fold_together() -> None:
     assert fold("hey") != fold("ha")
 
 
+def test_whispers_spellings_of_a_backchannel_count_as_it_in_any_list() -> None:
+    judge = BackchannelJudge(("right", "oh"), -1.5)
+    assert judge.judge(heard("Ripe."), 400).backchannel  # "right" over G.711
+    assert judge.judge(heard("O."), 400).backchannel
+    assert not BackchannelJudge(("okay",), -1.5).judge(heard("Ripe."), 400).backchannel
+
+
 def test_the_word_list_comes_from_the_settings() -> None:
     judge = BackchannelJudge(("okay",), -1.5)
     assert judge.judge(heard("Okay."), 400).backchannel

@@ -47,9 +47,19 @@ UNSURE_MAX_WORDS = 1  # a low-confidence guess of more words than this is still 
 UNSURE_MAX_SPEECH_MS = 500.0  # nor is a guess for longer speech: espeak-ng "yeah" 416 ms, "hold on" 736
 
 
+# How Whisper base writes a few backchannels for some voices or lines: folded into the word that was said,
+# whatever backchannels the settings list. "O." for "oh"; "em." for "um" (and for "hmm" over G.711);
+# "Ripe." and "Rive" for "right" over G.711 (espeak-ng en-us and four British voices, 5 of the 6 such
+# misses in `bench backchannels --voices all`; a carrier stream). None is a word a caller takes the turn
+# with.
+WHISPER_SPELLINGS = {"o": "oh", "em": "um", "ripe": "right", "rive": "right"}
+
+
 def fold(word: str) -> str:
-    """A word's spelling-independent form: repeated letters once ("hmmm", "hmm" -> "hm"), laughter "ha"."""
+    """A word's spelling-independent form: repeated letters once ("hmmm", "hmm" -> "hm"), laughter "ha",
+    Whisper's spellings of a backchannel as that backchannel ("ripe" -> "right")."""
     word = _REPEATS.sub(r"\1", word)
+    word = WHISPER_SPELLINGS.get(word, word)
     return "ha" if _LAUGH.fullmatch(word) else word
 
 
@@ -65,7 +75,7 @@ def _heard_words(text: str) -> tuple[str, ...]:
 # Hesitations that, said alone over the agent, often open the caller's turn ("uh, | wait"): the agent
 # waits a little longer before it resumes after one (`filler_silence_ms`). Acknowledgements ("yeah",
 # "mm-hmm") ask it to go on, and an "oh" as often says "I see".
-TURN_OPENING_FILLERS = frozenset(("uh", "um", "er", "erm", "em"))
+TURN_OPENING_FILLERS = frozenset(("uh", "um", "er", "erm"))  # folded: Whisper's "em" is "um"
 
 
 def is_lone_filler(text: str) -> bool:

@@ -46,10 +46,7 @@ from parley.log import event
 from parley.transports.base import HangUp, LineActionFailed, send_paced
 from parley.transports.dtmf_tones import KeypadTones
 from parley.transports.line import keypad_digits, transfer_destination
-from parley.transports.twilio import (
-    MULAW,
-    StreamStart,
-)
+from parley.transports.twilio import MULAW, StreamStart
 
 log = logging.getLogger(__name__)
 
