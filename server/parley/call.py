@@ -353,6 +353,14 @@ class Call:
         if not self.speculation.hold_event(response, payload):
             self.emit(payload)
 
+    def hold_reply(self, response: Response, until: float) -> None:
+        tag = response.tag
+        if tag.turn_id is None or tag.revision is None:
+            return
+        self.reopen.hold(tag.turn_id, tag.revision, until)
+        if self.is_stale(tag):  # cancelled meanwhile: the hold must not hold this revision's next reply
+            self.reopen.release(tag.turn_id, tag.revision)
+
     def _may_play(self, tag: Tag) -> bool | None:
         """The Outbound's gate: None holds audio back (its turn has not ended, its grace is left, or a
         reopen candidate is pending), False drops it. True settles the turn: once the caller hears its

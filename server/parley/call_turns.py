@@ -152,6 +152,8 @@ class TurnDecisions:
         # Through the scope, so every stage drops its work at the next token or chunk; its audio was held
         # at the Outbound's gate, which now drops it.
         call.scope.cancel()
+        if draft.tag.turn_id is not None and draft.tag.revision is not None:
+            call.reopen.release(draft.tag.turn_id, draft.tag.revision)  # held for speech that went on
         call.flush_stage_queues()
         call.drop_active(draft)
         event(log, "speculation_wasted", logging.DEBUG, call_id=call.call_id, turn_id=draft.tag.turn_id)

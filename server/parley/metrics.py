@@ -74,6 +74,12 @@ TURN_END_VERDICTS_TOTAL = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+UNFINISHED_HOLDS_TOTAL = Counter(
+    "parley_unfinished_holds_total",
+    "Turns whose transcript stopped mid-sentence ('... a table for'): their reply held longer, in case the "
+    "caller goes on",
+    registry=REGISTRY,
+)
 SPECULATIVE_REPLIES_TOTAL = Counter(
     "parley_speculative_replies_total",
     "Replies started at a turn's first pause: used (the turn ended there) or wasted (the caller went on)",

@@ -221,7 +221,7 @@ def validate(settings: Settings) -> None:
     for name in ("min_speech_ms", "end_of_turn_ms", "blip_silence_ms", "backchannel_max_ms"):
         if getattr(settings, name) <= 0:
             raise SettingsError(f"{name} must be positive")
-    for name in ("reopen_grace_ms", "reopen_unheard_ms"):
+    for name in ("reopen_grace_ms", "reopen_unheard_ms", "unfinished_hold_ms"):
         if getattr(settings, name) < 0:
             raise SettingsError(f"{name} must be 0 (none) or more")
     validate_access_and_limits(settings)

@@ -60,6 +60,44 @@ DEFAULT_BACKCHANNELS = (
 )
 
 
+# A transcript whose last word is one of these has stopped mid-sentence: its reply is held longer, in case
+# the caller goes on (pipeline/unfinished.py). Words many sentences end on ("from", "like", "in", "on")
+# are left out: a false hold delays a reply, and these would delay ordinary ones.
+DEFAULT_UNFINISHED_WORDS = (
+    # articles and possessives: a noun must follow
+    "a",
+    "an",
+    "the",
+    "my",
+    "your",
+    "our",
+    "their",
+    # conjunctions: a clause must follow
+    "and",
+    "or",
+    "but",
+    "because",
+    "if",
+    "than",
+    # prepositions only a wh-question ends on ("Who are you talking to?", "What is it about?"): such a
+    # question is not held (pipeline/unfinished.py)
+    "to",
+    "for",
+    "with",
+    "about",
+    "of",
+    # hesitations, as Whisper writes them
+    "uh",
+    "uhh",
+    "um",
+    "umm",
+    "uhm",
+    "em",
+    "er",
+    "erm",
+)
+
+
 @dataclass(frozen=True)
 class TurnSettings:
     vad_threshold: float = field(
@@ -106,6 +144,20 @@ class TurnSettings:
         metadata=_opt(
             "silence that ends a turn the end-of-turn model calls complete; its reply is not held after",
             "turns",
+        ),
+    )
+    unfinished_hold_ms: int = field(
+        default=1000,
+        metadata=_opt(
+            "after a turn whose transcript ends mid-sentence (on one of `unfinished_words`) ends, its reply "
+            "is held this long instead of `reopen_grace_ms`: speech within it reopens the turn (0: off)",
+            "turns",
+        ),
+    )
+    unfinished_words: tuple[str, ...] = field(
+        default=DEFAULT_UNFINISHED_WORDS,
+        metadata=_opt(
+            "last words that leave a sentence unfinished: 'to', 'for', 'the', 'and', 'um'...", "turns"
         ),
     )
     reopen_unheard_ms: int = field(

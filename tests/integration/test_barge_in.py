@@ -61,24 +61,38 @@ async def test_a_cough_during_a_reply_does_not_cut_it(service: Service) -> None:
         await caller.hangup()
 
 
-async def test_a_pause_mid_sentence_gives_one_reply(service: Service) -> None:
-    revisions = metric_value(service.metrics_text(), "parley_turn_revisions_total")
+async def ask_with_a_pause(service: Service, first: str, rest: str, pause_ms: int) -> str:
+    """Ask `first`, pause, then `rest`: exactly one reply, from the start of the question (a reply to its
+    first half, even one cut short, is a second), to the reopened turn. Returns what that turn heard."""
     caller = await greeted(service)
     try:
-        # Longer than the 250 ms end-of-turn silence, so the turn ends and its reply is started; inside
-        # the 550 ms before that reply may be heard (end of turn + 300 ms reopen grace), the pause the
-        # interruption benchmark times. A pause of exactly 550 ms raced the reply's first frame.
-        first, rest = trim(espeak("what is the weather like")), trim(espeak("in paris today"))
-        question = join(first, silence_ms(400), rest, silence_ms(300))
+        question = join(trim(espeak(first)), silence_ms(pause_ms), trim(espeak(rest)), silence_ms(300))
         started, asked = await caller.say(question)
         done = await caller.wait_for_event("agent_done", timeout=60, after=asked)
         await asyncio.sleep(1.5)
-        # From the start of the question: a reply to its first half, even one cut short, is a second reply.
         replies = [e for t, e in caller.events if t >= started and e["type"] == "agent_done"]
         assert len(replies) == 1
         said = [e for t, e in caller.events if t >= started and e["type"] == "user_transcript"]
         assert said[-1]["turn_id"] == done["turn_id"] and said[-1]["revision"] >= 1
-        assert "paris" in said[-1]["text"].lower() and "weather" in said[-1]["text"].lower()
+        return str(said[-1]["text"]).lower()
     finally:
         await caller.hangup()
+
+
+async def test_a_pause_mid_sentence_gives_one_reply(service: Service) -> None:
+    revisions = metric_value(service.metrics_text(), "parley_turn_revisions_total")
+    # Longer than the 250 ms end-of-turn silence, so the turn ends and its reply is started; inside the
+    # 550 ms before that reply may be heard (end of turn + 300 ms reopen grace), the pause the
+    # interruption benchmark times. A pause of exactly 550 ms raced the reply's first frame.
+    heard = await ask_with_a_pause(service, "what is the weather like", "in paris today", 400)
+    assert "paris" in heard and "weather" in heard
     assert metric_value(service.metrics_text(), "parley_turn_revisions_total") > revisions
+
+
+async def test_a_long_pause_after_an_unfinished_phrase_gives_one_reply(service: Service) -> None:
+    # 900 ms after "to": longer than the end of turn and grace (550 ms), so only the hold for a transcript
+    # that stops mid-sentence (pipeline/unfinished.py) keeps the first half's reply from being heard.
+    holds = metric_value(service.metrics_text(), "parley_unfinished_holds_total")
+    heard = await ask_with_a_pause(service, "can you tell me the way to", "the nearest station", 900)
+    assert "station" in heard and "way" in heard
+    assert metric_value(service.metrics_text(), "parley_unfinished_holds_total") > holds

@@ -87,6 +87,12 @@ PAUSED_QUESTIONS = (
     ("can you recommend a good book", "about the sea", "book", "sea"),
     ("how far is it from london", "to madrid by train", "london", "madrid"),
 )
+# The same, paused after a word no sentence ends on (pipeline/unfinished.py holds such a turn's reply).
+UNFINISHED_PAUSED_QUESTIONS = (
+    ("can you tell me the way to", "the nearest station", "way", "station"),
+    ("tell me a story about the", "moon and the stars", "story", "moon"),
+    ("i was wondering if", "you could recommend a book", "wondering", "book"),
+)
 
 STORY_PROMPTS = (
     "tell me a story about a brave little dragon",

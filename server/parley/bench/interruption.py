@@ -25,7 +25,14 @@ import numpy as np
 
 from parley.bench import percentiles, progress
 from parley.bench.common import add_transport_arguments, caller_for, service_for, words
-from parley.bench.corpus import INTERRUPTIONS, NOT_INTERRUPTIONS, PAUSED_QUESTIONS, STORY_PROMPTS, Sound
+from parley.bench.corpus import (
+    INTERRUPTIONS,
+    NOT_INTERRUPTIONS,
+    PAUSED_QUESTIONS,
+    STORY_PROMPTS,
+    UNFINISHED_PAUSED_QUESTIONS,
+    Sound,
+)
 from parley.bench.listening import Ears
 from parley.bench.service import metric_value, metrics_text, speculation_counts
 from parley.bench.speech import espeak, join, silence_ms, trim
@@ -47,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pauses", type=int, default=6, help="mid-sentence pause trials (default 6)")
     parser.add_argument("--pause-ms", type=int, default=400, help="the pause in those trials (default 400)")
+    parser.add_argument(
+        "--pause-after",
+        choices=("phrase", "unfinished"),
+        default="phrase",
+        help="where those pauses fall: between two phrases (default), or after a word no sentence ends on "
+        "('can you tell me the way to | the nearest station')",
+    )
     parser.add_argument("--seed", type=int, default=7)
     add_transport_arguments(parser)
 
@@ -232,13 +246,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 sounds.append(result)
                 progress(f"sound {i + 1}/{args.blips} {sound.label!r}: {result['outcome']} {result}")
+            paused = UNFINISHED_PAUSED_QUESTIONS if args.pause_after == "unfinished" else PAUSED_QUESTIONS
             for i in range(args.pauses):
-                pause = await pause_trial(caller, PAUSED_QUESTIONS[i % len(PAUSED_QUESTIONS)], args.pause_ms)
+                pause = await pause_trial(caller, paused[i % len(paused)], args.pause_ms)
                 pauses.append(pause)
                 progress(f"pause {i + 1}/{args.pauses}: {pause}")
         speculation = await asyncio.to_thread(counters.speculation)
     return {
-        "summary": {**summarise(stops, sounds, pauses, excluded, args.pause_ms), **speculation},
+        "summary": {**summarise(stops, sounds, pauses, excluded, _pause_label(args)), **speculation},
         **_details(stops, sounds, pauses),
         "ok": _ok(stops, sounds, pauses),
     }
@@ -263,7 +278,7 @@ def summarise(
     sounds: list[dict[str, Any]],
     pauses: list[dict[str, Any]],
     excluded: Counter[str],
-    pause_ms: int,
+    pause_label: str,
 ) -> dict[str, Any]:
     cut_stops = [s for s in stops if s["cut"]]
     fired = [s for s in sounds if s["vad_fired"]]
@@ -291,7 +306,7 @@ def summarise(
         "resume pause_s (caller)": percentiles(
             [s["pause_s"] for s in sounds if s["outcome"] == "resumed" and s["pause_s"] is not None]
         ),
-        f"{pause_ms} ms pauses: one reply to the whole question": f"{whole}/{len(pauses)}",
+        f"{pause_label}: one reply to the whole question": f"{whole}/{len(pauses)}",
         "  one reply, to the reopened turn": f"{sum(p['one_reply_to_reopened_turn'] for p in pauses)}"
         f"/{len(pauses)}",
         "  a word of each half in its transcript": f"{sum(p['both_halves_heard'] for p in pauses)}"
@@ -301,3 +316,8 @@ def summarise(
         ),
         "excluded (reply not audible when the caller spoke)": dict(excluded) or 0,
     }
+
+
+def _pause_label(args: argparse.Namespace) -> str:
+    where = " after an unfinished phrase" if args.pause_after == "unfinished" else ""
+    return f"{args.pause_ms} ms pauses{where}"

@@ -46,6 +46,7 @@ from parley.pipeline.messages import (
 from parley.pipeline.pacing import wait_for_playout
 from parley.pipeline.queues import QueueClosed, StageQueue
 from parley.pipeline.segmenter import split_sentences
+from parley.pipeline.unfinished import hold_until
 from parley.pipeline.vad_stage import VadItem
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,11 @@ class StageContext(Protocol):
 
     def apologise(self) -> None:
         """A model failed on the caller's turn: tell the caller (or end the call after too many)."""
+        ...
+
+    def hold_reply(self, response: Response, until: float) -> None:
+        """Let nothing of `response` be heard before `until` (time.monotonic()); its turn stays open to a
+        reopen meanwhile (pipeline/unfinished.py)."""
         ...
 
 
@@ -232,6 +238,7 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
         if not result.text:
             self.ctx.reply_abandoned(response)
             return
+        self._hold_if_unfinished(response, result.text)
         self.ctx.emit_for_reply(
             response,
             {
@@ -242,6 +249,17 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
             },
         )
         self.outbox.put(Transcript(response, result.text, result.odds_of(COMMAND_WORDS)))
+
+    def _hold_if_unfinished(self, response: Response, text: str) -> None:
+        """A transcript that stops mid-sentence ("... a table for") holds its reply longer: the caller
+        has likely only paused (pipeline/unfinished.py)."""
+        if response.speech_end is None:
+            return
+        until = hold_until(text, response.speech_end, self.ctx.settings)
+        if until > time.monotonic():
+            response.mark("held_unfinished")
+            metrics.UNFINISHED_HOLDS_TOTAL.inc()
+            self.ctx.hold_reply(response, until)
 
     def _transcript_ahead(self, item: Utterance) -> Transcription | None:
         if self._early is None:

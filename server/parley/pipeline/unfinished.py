@@ -1,0 +1,53 @@
+"""A turn whose words stop where no sentence ends is held longer before its reply is heard.
+
+A turn ends after `end_of_turn_ms` of silence and its reply is held `reopen_grace_ms` more (0.55 s in
+all by default). A caller silent for longer in the middle of a sentence ("I'd like to book a table for
+... two people") heard a reply to half a question begin, then cut by their own next words. The
+transcript is ready before that hold is over (speculation starts Whisper at the first silent chunk), and
+where it ends on a word that almost never ends an English sentence (an article, a conjunction, "to",
+"for", "with", a possessive, a hesitation), the reply is held until `unfinished_hold_ms` after the end of
+the turn instead. The turn stays open to a reopen all that time (pipeline/reopening.py): the caller who
+goes on is answered once, for the whole question; one who really stopped there is answered a little
+later, as a person who waited for the rest would.
+
+Only the last word counts, and only words that a sentence ends on so rarely that a false hold (a delay,
+never a lost word) costs less than the reply it saves: "from", "like", "in" and "on" end ordinary
+questions ("Where are you from?", "What is the weather like?") and are not on the list; "to", "for",
+"with", "about" and "of" end a wh-question ("What is it about?"), which is not held. A weak last word
+the VAD does not hear as speech ("a story about | the ...") leaves the word before it last. The
+list (`DEFAULT_UNFINISHED_WORDS`, turn_settings.py) is English; `--unfinished-words` sets another, and
+`--unfinished-hold-ms 0` turns the hold off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from parley.text import normalise_words
+from parley.turn_settings import TurnSettings
+
+# A question that opens with one of these may end on its preposition ("Who are you talking to?", "What
+# is it for?"): ending there, it is taken as finished. Whisper base wrote all such test questions with
+# their preposition last, in espeak-ng's voice and Piper's, wideband and over G.711.
+WH_WORDS = frozenset(("what", "who", "whom", "which", "where"))
+STRANDABLE = frozenset(("to", "for", "with", "about", "of"))
+WH_WITHIN = 3  # the wh-word among the first words ("So, who are you talking to?")
+
+
+def looks_unfinished(text: str, words: Iterable[str]) -> bool:
+    """Whether a transcript's last word is one of `words` (case and punctuation aside), unless it is a
+    preposition a wh-question ends on: "Can you tell me the way to?" is unfinished; "Where are you from?"
+    and "Who are you talking to?" are not."""
+    said = normalise_words(text).split()
+    if not said or said[-1] not in {word.lower() for word in words}:
+        return False
+    return not (said[-1] in STRANDABLE and WH_WORDS.intersection(said[:WH_WITHIN]))
+
+
+def hold_until(text: str, speech_end: float, settings: TurnSettings) -> float:
+    """When a reply to `text` may first be heard, by this rule: 0.0 when it does not hold it (the turn's
+    grace alone decides), else `unfinished_hold_ms` after the turn ended (`speech_end`: when its speech
+    did, on time.monotonic()'s clock)."""
+    if settings.unfinished_hold_ms <= 0 or not looks_unfinished(text, settings.unfinished_words):
+        return 0.0
+    return speech_end + (settings.end_of_turn_ms + settings.unfinished_hold_ms) / 1000
