@@ -31,6 +31,8 @@ from tests.unit.test_call import RATE, on_a_line
         "Are you talking to...",  # no wh-word heard: held (a delay, not a lost word)
         "Tell me a story about.",  # "... about | the": a weak "the" the VAD did not hear as speech
         "I would like a cup of",
+        "I would like a cup of tea and a...",
+        "A",  # a lone "a": nothing said yet
     ],
 )
 def test_a_transcript_ending_mid_sentence_looks_unfinished(text: str) -> None:
@@ -46,6 +48,7 @@ def test_a_transcript_ending_mid_sentence_looks_unfinished(text: str) -> None:
         "So, what is it for?",
         "What is the story about?",
         "What is it made of?",
+        "I will take plan A.",  # the letter, not the article
         "Me too.",
         "",
         "...",

@@ -41,7 +41,14 @@ def looks_unfinished(text: str, words: Iterable[str]) -> bool:
     said = normalise_words(text).split()
     if not said or said[-1] not in {word.lower() for word in words}:
         return False
+    if said[-1] == "a" and len(said) > 1 and _last_word(text) == "A":
+        return False  # the letter: "Plan A.", "vitamin A" (Whisper writes the article lower-case)
     return not (said[-1] in STRANDABLE and WH_WORDS.intersection(said[:WH_WITHIN]))
+
+
+def _last_word(text: str) -> str:
+    words = text.replace("...", " ").split()
+    return words[-1].strip(".,!?;:…\"'") if words else ""
 
 
 def hold_until(text: str, speech_end: float, settings: TurnSettings) -> float:
