@@ -367,3 +367,45 @@ def test_without_the_unheard_window_only_the_grace_reopens() -> None:
     close_a_turn_and_outlive_its_grace(taker, tracker)
     feed(taker, 0.9, 300)
     assert control.turns == 2 and not any(entry.startswith("reopen") for entry in control.log)
+
+
+def tone(dbfs: float) -> np.ndarray:
+    """A 32 ms chunk of a 200 Hz tone whose RMS level is `dbfs`."""
+    t = np.arange(512) / 16000
+    return (np.sqrt(2) * 32768 * 10 ** (dbfs / 20) * np.sin(2 * np.pi * 200 * t)).astype(np.int16)
+
+
+def feed_chunk(taker: TurnTaker, chunk: np.ndarray, probability: float, ms: float) -> None:
+    for _ in range(round(ms / CHUNK_MS)):
+        Clock.now += CHUNK_MS / 1000
+        taker.process(chunk, probability, Clock.now)
+
+
+def test_silence_counts_from_where_the_audio_fell_quiet_not_from_the_vads_lagging_verdict(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    feed_chunk(taker, tone(-20), 0.9, 800)
+    # Silero still says speech for two chunks after the last word, then one in its hysteresis band
+    # (neither speech nor silence to it); the audio is 60 dB under the speech from the first of them.
+    feed_chunk(taker, tone(-80), 0.9, 64)
+    feed_chunk(taker, tone(-80), 0.4, 32)
+    feed_chunk(taker, tone(-80), 0.0, 224)
+    # 320 ms of quiet against an end of turn of 300 ms; the VAD's verdict alone would count 224.
+    assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]
+
+
+def test_a_noisy_line_leaves_the_end_of_turn_to_the_vad(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    feed_chunk(taker, tone(-20), 0.9, 800)
+    # Line noise 20 dB under the speech: what Silero calls speech there is not taken for silence.
+    feed_chunk(taker, tone(-40), 0.9, 640)
+    assert control.ended == [] and taker.mode is Mode.SPEAKING
+    feed_chunk(taker, tone(-40), 0.0, 320)
+    assert [(t, r) for t, r, _ in control.ended] == [("turn-1", 0)]
+
+
+def test_a_quiet_gap_between_words_does_not_end_the_turn(setup) -> None:  # type: ignore[no-untyped-def]
+    taker, control, _ = setup
+    for _ in range(4):
+        feed_chunk(taker, tone(-20), 0.9, 320)
+        feed_chunk(taker, tone(-80), 0.9, 96)  # a stop's closure, a breath between words
+    assert control.ended == [] and taker.mode is Mode.SPEAKING

@@ -4,8 +4,9 @@ Runs on the call's VAD thread, one VAD chunk (32 ms) at a time. It decides; the 
 `TurnControl`). Pause fast, decide carefully:
 
 - speech while nothing is pending starts a turn once it lasted `min_speech_ms` (shorter is a blip);
-- `end_of_turn_ms` of silence closes the turn speculatively: the reply is computed at once, and a
-  reopen grace window opens (the reply is held back until it passes); with an end-of-turn model
+- `end_of_turn_ms` of silence (counted from where the audio fell quiet: pipeline/speech_level.py)
+  closes the turn speculatively: the reply is computed at once, and a reopen grace window opens (the
+  reply is held back until it passes); with an end-of-turn model
   (engines/turn_end.py, asked at the turn's first pause), a turn it calls complete closes after
   `turn_complete_ms` instead, with no grace;
 - speech inside the grace window, or after it while the caller has heard nothing of the reply
@@ -40,6 +41,7 @@ from parley.engines.stt import Transcription
 from parley.pipeline.backchannels import is_lone_filler
 from parley.pipeline.messages import BargeVerdict, TurnEndVerdict
 from parley.pipeline.reopening import ReopenWindow
+from parley.pipeline.speech_level import SpeechLevel, level_db
 from parley.pipeline.turns import SpeculativeTurnTracker
 
 NEGATIVE_THRESHOLD_GAP = 0.15  # hysteresis: speech ends below threshold - gap (as silero's own iterator)
@@ -93,10 +95,12 @@ class _Segment:
 
     audio: list[np.ndarray] = field(default_factory=list)
     speech_ms: float = 0.0
-    silence_ms: float = 0.0
+    silence_ms: float = 0.0  # since the last chunk the VAD called speech
+    quiet_ms: float = 0.0  # since the last loud one (speech_level.py): what ends a turn
     total_ms: float = 0.0
     onset_arrived_at: float = 0.0
     last_speech_at: float = 0.0
+    level: SpeechLevel = field(default_factory=SpeechLevel)  # how loud its speech chunks are
 
     def samples(self) -> np.ndarray:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.int16)
@@ -174,7 +178,13 @@ class TurnTaker:
             else:
                 self._preroll.append(chunk)
             return
-        self._account(chunk, is_speech, is_silence, arrived_at)
+        level = level_db(chunk)
+        # Silero lags a chunk or two behind the last word (pipeline/speech_level.py): a turn's silence
+        # starts where its audio fell quiet.
+        quiet = self.mode is Mode.SPEAKING and self._segment.level.is_quiet(level)
+        if is_speech and not quiet:
+            self._segment.level.heard_speech(level)
+        self._account(chunk, is_speech, is_silence, quiet, arrived_at)
         if self.mode is Mode.TENTATIVE:
             self._decide_tentative()
         elif self.mode is Mode.SPEAKING:
@@ -214,8 +224,7 @@ class TurnTaker:
     def _judged_complete(self) -> bool:
         seg = self._segment
         return (
-            self._complete_at == seg.last_speech_at != 0.0
-            and seg.silence_ms >= self.settings.turn_complete_ms
+            self._complete_at == seg.last_speech_at != 0.0 and seg.quiet_ms >= self.settings.turn_complete_ms
         )
 
     def poll(self, now: float) -> None:
@@ -240,6 +249,7 @@ class TurnTaker:
             onset_arrived_at=arrived_at,
             last_speech_at=arrived_at,
         )
+        self._segment.level.heard_speech(level_db(chunk))
         self._preroll.clear()
         closed = self._closed
         if closed is not None:
@@ -262,16 +272,22 @@ class TurnTaker:
         unheard = self._unheard_window_left(closed, now)
         return self.reopen.is_open(closed.turn_id, closed.revision, unheard=unheard)
 
-    def _account(self, chunk: np.ndarray, is_speech: bool, is_silence: bool, arrived_at: float) -> None:
+    def _account(
+        self, chunk: np.ndarray, is_speech: bool, is_silence: bool, quiet: bool, arrived_at: float
+    ) -> None:
         seg = self._segment
         seg.audio.append(chunk)
         seg.total_ms += self.chunk_ms
         if is_speech:
             seg.speech_ms += self.chunk_ms
             seg.silence_ms = 0.0
-            seg.last_speech_at = arrived_at
         elif is_silence:
             seg.silence_ms += self.chunk_ms
+        if is_silence or quiet:
+            seg.quiet_ms += self.chunk_ms
+        elif is_speech:
+            seg.quiet_ms = 0.0
+            seg.last_speech_at = arrived_at
 
     # decisions per mode
 
@@ -290,7 +306,7 @@ class TurnTaker:
             # Capped: closed for good. Were it reopenable, speech going on would reopen it as a revision
             # holding all of it, transcribed again each time: work that grows without end.
             self._close_turn(seg.last_speech_at, reopenable=False)
-        elif seg.silence_ms >= self.settings.end_of_turn_ms or self._judged_complete():
+        elif seg.quiet_ms >= self.settings.end_of_turn_ms or self._judged_complete():
             self._close_turn(seg.last_speech_at)
         elif self._paused and self._early_sent_for != seg.last_speech_at and self._turn is not None:
             self._paused = False
