@@ -9,6 +9,7 @@ from parley.pipeline.speech_level import FLOOR_DB, QUIET_BELOW_DB, SpeechLevel, 
 
 
 def tone(dbfs: float) -> np.ndarray:
+    """A 32 ms chunk of a 200 Hz tone whose RMS level is `dbfs`."""
     t = np.arange(512) / 16000
     return (np.sqrt(2) * 32768 * 10 ** (dbfs / 20) * np.sin(2 * np.pi * 200 * t)).astype(np.int16)
 

@@ -12,6 +12,7 @@ from parley.engines.stt import Transcription
 from parley.pipeline.messages import BargeVerdict
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import Mode, TurnTaker
+from tests.unit.test_speech_level import tone
 
 CHUNK_MS = 32.0
 CHUNK = np.zeros(512, dtype=np.int16)
@@ -367,12 +368,6 @@ def test_without_the_unheard_window_only_the_grace_reopens() -> None:
     close_a_turn_and_outlive_its_grace(taker, tracker)
     feed(taker, 0.9, 300)
     assert control.turns == 2 and not any(entry.startswith("reopen") for entry in control.log)
-
-
-def tone(dbfs: float) -> np.ndarray:
-    """A 32 ms chunk of a 200 Hz tone whose RMS level is `dbfs`."""
-    t = np.arange(512) / 16000
-    return (np.sqrt(2) * 32768 * 10 ** (dbfs / 20) * np.sin(2 * np.pi * 200 * t)).astype(np.int16)
 
 
 def feed_chunk(taker: TurnTaker, chunk: np.ndarray, probability: float, ms: float) -> None:
