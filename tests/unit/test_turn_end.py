@@ -16,8 +16,9 @@ from parley.config import Settings
 from parley.engines.tts import PiperTts
 from parley.engines.turn_end import LogMel, SmartTurn
 from parley.pipeline.messages import TurnEndVerdict
+from parley.pipeline.turn_state import Mode
 from parley.pipeline.turns import SpeculativeTurnTracker
-from parley.pipeline.turntaking import Mode, TurnTaker
+from parley.pipeline.turntaking import TurnTaker
 from tests.doubles import FixedTurnEnd, ScriptedLlm, ScriptedStt, loud, make_engines, quiet
 from tests.unit.test_call import RATE, Line
 from tests.unit.test_turntaking import CHUNK_MS, Control, feed

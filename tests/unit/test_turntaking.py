@@ -10,8 +10,9 @@ import pytest
 from parley.config import Settings
 from parley.engines.stt import Transcription
 from parley.pipeline.messages import BargeVerdict
+from parley.pipeline.turn_state import Mode
 from parley.pipeline.turns import SpeculativeTurnTracker
-from parley.pipeline.turntaking import Mode, TurnTaker
+from parley.pipeline.turntaking import TurnTaker
 from tests.unit.test_speech_level import tone
 
 CHUNK_MS = 32.0

@@ -26,11 +26,8 @@ Runs on the call's VAD thread, one VAD chunk (32 ms) at a time. It decides; the 
 
 from __future__ import annotations
 
-import enum
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -41,90 +38,12 @@ from parley.engines.stt import Transcription
 from parley.pipeline.backchannels import is_lone_filler
 from parley.pipeline.messages import BargeVerdict, TurnEndVerdict
 from parley.pipeline.reopening import ReopenWindow
-from parley.pipeline.speech_level import SpeechLevel, level_db
+from parley.pipeline.speech_level import level_db
+from parley.pipeline.turn_state import BackchannelCheck, ClosedTurn, Mode, Segment, TurnControl
 from parley.pipeline.turns import SpeculativeTurnTracker
 
 NEGATIVE_THRESHOLD_GAP = 0.15  # hysteresis: speech ends below threshold - gap (as silero's own iterator)
 UNDECIDED_LIMIT_MS = 2000.0  # a candidate stuck between speech and silence is resolved after this
-
-
-class TurnControl(Protocol):
-    """What the turn-taker asks of its call. Every method is quick and called on the VAD thread."""
-
-    def agent_active(self) -> bool: ...
-    def pause_agent(self) -> float: ...
-    def resume_agent(self, heard: str) -> None: ...
-    def interrupt_agent(self, onset_arrived_at: float) -> None: ...
-    def open_turn(self) -> str: ...
-    def user_started_speaking(self) -> None: ...
-    def speech_paused(
-        self,
-        turn_id: str,
-        revision: int,
-        audio: np.ndarray,
-        speech_end: float,
-        heard: Transcription | None = None,
-    ) -> None: ...
-    def speech_resumed(self, turn_id: str, revision: int) -> None:
-        """Speech came back after `speech_paused`, before the turn ended: what the pause started is moot."""
-        ...
-
-    def judge_turn_end(self, speech_end: float, audio: np.ndarray) -> None:
-        """Ask whether the turn is over at this pause, off the VAD thread (when the call has an end-of-turn
-        model); answer with `TurnTaker.turn_end_verdict`."""
-        ...
-
-    def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None: ...
-    def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None: ...
-    def check_backchannel(self, request: int, audio: np.ndarray, speech_ms: float) -> None:
-        """Judge this speech heard over the agent, off the VAD thread; answer with `TurnTaker.verdict`."""
-        ...
-
-
-class Mode(enum.Enum):
-    IDLE = "idle"
-    TENTATIVE = "tentative"  # speech that may become a new turn
-    SPEAKING = "speaking"  # inside a turn
-    REOPEN = "reopen"  # a reopen candidate is pending
-    BARGE = "barge"  # the agent is paused, deciding whether this interrupts it
-
-
-@dataclass
-class _Segment:
-    """Audio collected since the current speech began, with its speech/silence accounting."""
-
-    audio: list[np.ndarray] = field(default_factory=list)
-    speech_ms: float = 0.0
-    silence_ms: float = 0.0  # since the last chunk the VAD called speech
-    quiet_ms: float = 0.0  # since the last loud one (speech_level.py): what ends a turn
-    total_ms: float = 0.0
-    onset_arrived_at: float = 0.0
-    last_speech_at: float = 0.0
-    level: SpeechLevel = field(default_factory=SpeechLevel)  # how loud its speech chunks are
-
-    def samples(self) -> np.ndarray:
-        return np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.int16)
-
-
-@dataclass
-class _Check:
-    """A backchannel check asked for the speech heard so far over the paused agent."""
-
-    request: int
-    speech_ms: float  # the speech when asked: more speech since makes its answer partial
-    asked_at: float
-    heard: Transcription | None = None
-    backchannel: bool | None = None  # None until the verdict is in
-    filler: bool = False  # the verdict heard a lone "uh" or "um": resume after a longer silence
-
-
-@dataclass
-class _ClosedTurn:
-    turn_id: str
-    revision: int
-    audio: np.ndarray
-    closed_at: float  # when the chunk that closed it arrived
-    tail: list[np.ndarray] = field(default_factory=list)  # everything heard since it closed
 
 
 class TurnTaker:
@@ -147,16 +66,17 @@ class TurnTaker:
         self._threshold = settings.vad_threshold
         self._negative = max(0.01, settings.vad_threshold - NEGATIVE_THRESHOLD_GAP)
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, int(settings.preroll_ms / chunk_ms)))
-        self._segment = _Segment()
+        self._segment = Segment()
         self._turn: tuple[str, int] | None = None
         self._turn_audio: list[np.ndarray] = []
-        self._closed: _ClosedTurn | None = None
+        self._closed: ClosedTurn | None = None
         self._candidate: int | None = None
         self._early_sent_for = 0.0
         self._paused = False  # speech_paused was said for the current pause, speech_resumed not yet
         self._early_after_ms = float(settings.early_stt_ms)
         self._complete_at = 0.0  # the pause (its last speech chunk) the end-of-turn model called final
-        self._checks: list[_Check] = []  # this barge-in candidate's backchannel checks, oldest first
+        # This barge-in candidate's backchannel checks, oldest first.
+        self._checks: list[BackchannelCheck] = []
         self._requests = itertools.count(1)
 
     def process(self, chunk: np.ndarray, probability: float, arrived_at: float) -> None:
@@ -184,7 +104,7 @@ class TurnTaker:
         quiet = self.mode is Mode.SPEAKING and self._segment.level.is_quiet(level)
         if is_speech and not quiet:
             self._segment.level.heard_speech(level)
-        self._account(chunk, is_speech, is_silence, quiet, arrived_at)
+        self._segment.account(chunk, self.chunk_ms, is_speech, is_silence, quiet, arrived_at)
         if self.mode is Mode.TENTATIVE:
             self._decide_tentative()
         elif self.mode is Mode.SPEAKING:
@@ -242,7 +162,7 @@ class TurnTaker:
     # onset
 
     def _on_onset(self, chunk: np.ndarray, arrived_at: float) -> None:
-        self._segment = _Segment(
+        self._segment = Segment(
             audio=[*self._preroll, chunk],
             speech_ms=self.chunk_ms,
             total_ms=self.chunk_ms,
@@ -265,29 +185,12 @@ class TurnTaker:
             return
         self.mode = Mode.TENTATIVE
 
-    def _unheard_window_left(self, closed: _ClosedTurn, now: float) -> bool:
+    def _unheard_window_left(self, closed: ClosedTurn, now: float) -> bool:
         return now - closed.closed_at <= self.settings.reopen_unheard_ms / 1000
 
-    def _reopenable(self, closed: _ClosedTurn, now: float) -> bool:
+    def _reopenable(self, closed: ClosedTurn, now: float) -> bool:
         unheard = self._unheard_window_left(closed, now)
         return self.reopen.is_open(closed.turn_id, closed.revision, unheard=unheard)
-
-    def _account(
-        self, chunk: np.ndarray, is_speech: bool, is_silence: bool, quiet: bool, arrived_at: float
-    ) -> None:
-        seg = self._segment
-        seg.audio.append(chunk)
-        seg.total_ms += self.chunk_ms
-        if is_speech:
-            seg.speech_ms += self.chunk_ms
-            seg.silence_ms = 0.0
-        elif is_silence:
-            seg.silence_ms += self.chunk_ms
-        if is_silence or quiet:
-            seg.quiet_ms += self.chunk_ms
-        elif is_speech:
-            seg.quiet_ms = 0.0
-            seg.last_speech_at = arrived_at
 
     # decisions per mode
 
@@ -374,10 +277,10 @@ class TurnTaker:
 
     def _ask(self, now: float) -> None:
         request = next(self._requests)
-        self._checks.append(_Check(request, self._segment.speech_ms, now))
+        self._checks.append(BackchannelCheck(request, self._segment.speech_ms, now))
         self.control.check_backchannel(request, self._segment.samples(), self._segment.speech_ms)
 
-    def _check_overdue(self, check: _Check, now: float) -> bool:
+    def _check_overdue(self, check: BackchannelCheck, now: float) -> bool:
         return check.backchannel is None and now - check.asked_at >= self.settings.backchannel_wait_ms / 1000
 
     def _resume_if_settled(self) -> None:
@@ -440,14 +343,14 @@ class TurnTaker:
         if reopenable and not self._judged_complete():
             self.tracker.start_reopen_grace(turn_id, revision, self.settings.reopen_grace_ms / 1000)
         self.control.turn_ended(turn_id, revision, audio, speech_end)
-        self._closed = _ClosedTurn(turn_id, revision, audio, self._now) if reopenable else None
+        self._closed = ClosedTurn(turn_id, revision, audio, self._now) if reopenable else None
         self._turn = None
         self._turn_audio = []
         self._to_idle()
 
     def _to_idle(self) -> None:
         self.mode = Mode.IDLE
-        self._segment = _Segment()
+        self._segment = Segment()
         self._preroll.clear()
         self._checks = []
 
