@@ -33,15 +33,18 @@ def first_channel(interleaved: np.ndarray, channels: int) -> np.ndarray:
     return flat if channels == 1 else np.ascontiguousarray(flat[0::channels])
 
 
+SILENCE_DBFS = -120.0  # the level given to digital silence
+
+
 def rms_dbfs(pcm: np.ndarray) -> float:
-    """Level of int16 audio in dB full scale (-120 for digital silence)."""
+    """RMS level of int16 audio in dB full scale (`SILENCE_DBFS` for digital silence)."""
     if pcm.size == 0:
-        return -120.0
+        return SILENCE_DBFS
     x = pcm.astype(np.float64)
     mean_square = float(np.dot(x, x)) / x.size
     if mean_square <= 0.0:
-        return -120.0
-    return max(-120.0, 10.0 * math.log10(mean_square / (32768.0 * 32768.0)))
+        return SILENCE_DBFS
+    return max(SILENCE_DBFS, 10.0 * math.log10(mean_square / (32768.0 * 32768.0)))
 
 
 def resample(pcm: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parley.pipeline.speech_level import FLOOR_DB, QUIET_BELOW_DB, SpeechLevel, level_db
+from parley.audio import SILENCE_DBFS, rms_dbfs
+from parley.pipeline.speech_level import QUIET_BELOW_DB, SpeechLevel
 
 
 def tone(dbfs: float) -> np.ndarray:
@@ -16,17 +17,17 @@ def tone(dbfs: float) -> np.ndarray:
 
 @pytest.mark.parametrize("dbfs", [-10.0, -30.0, -60.0])
 def test_a_chunks_level_is_its_rms_in_dbfs(dbfs: float) -> None:
-    assert level_db(tone(dbfs)) == pytest.approx(dbfs, abs=0.5)
+    assert rms_dbfs(tone(dbfs)) == pytest.approx(dbfs, abs=0.5)
 
 
 def test_digital_silence_is_at_the_floor() -> None:
-    assert level_db(np.zeros(512, dtype=np.int16)) == FLOOR_DB
-    assert level_db(np.zeros(0, dtype=np.int16)) == FLOOR_DB
+    assert rms_dbfs(np.zeros(512, dtype=np.int16)) == SILENCE_DBFS
+    assert rms_dbfs(np.zeros(0, dtype=np.int16)) == SILENCE_DBFS
 
 
 def test_quiet_is_relative_to_the_mean_of_the_speech_heard() -> None:
     level = SpeechLevel()
-    assert not level.is_quiet(FLOOR_DB)  # nothing heard yet: nothing to be quiet against
+    assert not level.is_quiet(SILENCE_DBFS)  # nothing heard yet: nothing to be quiet against
     for dbfs in (-18.0, -22.0):
         level.heard_speech(dbfs)
     assert level.is_quiet(-20.0 - QUIET_BELOW_DB - 1)

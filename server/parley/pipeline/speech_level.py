@@ -15,23 +15,7 @@ to Silero as well, a chunk or two later.
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 QUIET_BELOW_DB = 30.0  # a chunk this far under the turn's mean speech level is silence
-FLOOR_DB = -120.0  # the level of digital silence
-
-
-def level_db(chunk: np.ndarray) -> float:
-    """A chunk's RMS level in dB relative to int16 full scale."""
-    if chunk.size == 0:
-        return FLOOR_DB
-    samples = chunk.astype(np.float32)
-    power = float(np.dot(samples, samples)) / chunk.size
-    if power <= 0.0:
-        return FLOOR_DB
-    return max(FLOOR_DB, 10.0 * math.log10(power / 32768.0**2))
 
 
 class SpeechLevel:

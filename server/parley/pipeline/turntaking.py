@@ -32,13 +32,12 @@ from collections import deque
 import numpy as np
 
 from parley import metrics
-from parley.audio import PIPELINE_RATE
+from parley.audio import PIPELINE_RATE, rms_dbfs
 from parley.config import Settings
 from parley.engines.stt import Transcription
 from parley.pipeline.backchannels import is_lone_filler
 from parley.pipeline.messages import BargeVerdict, TurnEndVerdict
 from parley.pipeline.reopening import ReopenWindow
-from parley.pipeline.speech_level import level_db
 from parley.pipeline.turn_state import BackchannelCheck, ClosedTurn, Mode, Segment, TurnControl
 from parley.pipeline.turns import SpeculativeTurnTracker
 
@@ -98,7 +97,7 @@ class TurnTaker:
             else:
                 self._preroll.append(chunk)
             return
-        level = level_db(chunk)
+        level = rms_dbfs(chunk)
         # Silero lags a chunk or two behind the last word (pipeline/speech_level.py): a turn's silence
         # starts where its audio fell quiet.
         quiet = self.mode is Mode.SPEAKING and self._segment.level.is_quiet(level)
@@ -169,7 +168,7 @@ class TurnTaker:
             onset_arrived_at=arrived_at,
             last_speech_at=arrived_at,
         )
-        self._segment.level.heard_speech(level_db(chunk))
+        self._segment.level.heard_speech(rms_dbfs(chunk))
         self._preroll.clear()
         closed = self._closed
         if closed is not None:
