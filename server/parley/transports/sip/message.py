@@ -1,5 +1,6 @@
 """SIP messages (RFC 3261 sections 7, 8.2.6, 18, 20): parsing, framing on streams, serialising, and the
-Via bookkeeping a UA does around them. Value types (URIs, name-addr, Via) live in `uri`.
+Via bookkeeping a UA does around them. Value types (URIs, name-addr, Via) live in `uri`, header fields
+in `headers`.
 
 Anything malformed raises SipError and nothing else, so a UA can answer 400 (or drop a datagram) on any
 input a peer can send.
@@ -10,10 +11,11 @@ from __future__ import annotations
 import ipaddress
 import re
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from parley.transports.sip.headers import Headers, canonical_name
 from parley.transports.sip.uri import (
     NameAddr,
     SipError,
@@ -35,25 +37,6 @@ MAX_MESSAGE_BYTES = 65536
 MAX_HEADERS = 100
 BRANCH_COOKIE = "z9hG4bK"  # RFC 3261 8.1.1.7: marks a branch as unique per transaction
 
-# RFC 3261 7.3.3 plus the compact forms registered since (RFC 3265, 3515, 3892, 4028, 3841, 8224).
-_COMPACT = {
-    "i": "call-id", "m": "contact", "e": "content-encoding", "l": "content-length", "c": "content-type",
-    "f": "from", "s": "subject", "k": "supported", "t": "to", "v": "via", "o": "event", "r": "refer-to",
-    "b": "referred-by", "x": "session-expires", "u": "allow-events", "a": "accept-contact",
-    "j": "reject-contact", "d": "request-disposition", "y": "identity",
-}  # fmt: skip
-_CANONICAL = {
-    "call-id": "Call-ID", "cseq": "CSeq", "www-authenticate": "WWW-Authenticate", "rack": "RAck",
-    "rseq": "RSeq", "sip-etag": "SIP-ETag", "sip-if-match": "SIP-If-Match", "mime-version": "MIME-Version",
-    "content-id": "Content-ID",
-}  # fmt: skip
-# Headers whose grammar is a comma-separated list (RFC 3261 7.3.1); the auth headers are not, their
-# parameters are separated by commas too.
-_LIST_HEADERS = frozenset({
-    "via", "contact", "route", "record-route", "allow", "supported", "require", "proxy-require",
-    "unsupported", "allow-events", "path", "service-route", "accept", "accept-encoding", "accept-language",
-    "content-encoding",
-})  # fmt: skip
 _MANDATORY = ("Via", "From", "To", "Call-ID", "CSeq")  # RFC 3261 8.1.1
 HEAD_END = re.compile(rb"\r?\n\r?\n")
 _LINE_END = re.compile(r"\r?\n")
@@ -82,92 +65,9 @@ _REASONS = {
 }  # fmt: skip
 
 
-def canonical_name(name: str) -> str:
-    key = name.strip().lower()
-    key = _COMPACT.get(key, key)
-    if not is_token(key):
-        raise SipError(f"bad header name {show(name)}")
-    return _CANONICAL.get(key) or "-".join(part.capitalize() for part in key.split("-"))
-
-
 def default_reason(status: int) -> str:
     # RFC 3261 8.1.3.2: an unknown code is understood as the x00 of its class.
     return _REASONS.get(status) or _REASONS.get(status // 100 * 100, "Unknown")
-
-
-class Headers:
-    """Ordered, case-insensitive, multi-valued header fields; compact names are stored as long names."""
-
-    def __init__(self, items: Iterable[tuple[str, str]] = ()) -> None:
-        self._items: list[tuple[str, str]] = []
-        for name, value in items:
-            self.add(name, value)
-
-    @staticmethod
-    def _value(value: str) -> str:
-        if "\r" in value or "\n" in value or "\0" in value:
-            raise SipError(f"header value with CR, LF or NUL: {show(value)}")
-        return value.strip()
-
-    def add(self, name: str, value: str) -> None:
-        self._items.append((canonical_name(name), self._value(value)))
-
-    def set(self, name: str, value: str) -> None:
-        """Replaces every value of `name` by `value`, at the place of the first one."""
-        name, value = canonical_name(name), self._value(value)
-        at = next((i for i, (n, _) in enumerate(self._items) if n == name), len(self._items))
-        self.remove(name)
-        self._items.insert(at, (name, value))
-
-    def replace_first(self, name: str, value: str) -> None:
-        name, value = canonical_name(name), self._value(value)
-        for i, (n, _) in enumerate(self._items):
-            if n == name:
-                self._items[i] = (name, value)
-                return
-        self._items.append((name, value))
-
-    def remove(self, name: str) -> None:
-        name = canonical_name(name)
-        self._items = [(n, v) for n, v in self._items if n != name]
-
-    def get(self, name: str) -> str | None:
-        name = canonical_name(name)
-        return next((v for n, v in self._items if n == name), None)
-
-    def get_all(self, name: str) -> list[str]:
-        """Every value, with comma-separated lists split for the headers whose grammar is a list."""
-        name = canonical_name(name)
-        values = [v for n, v in self._items if n == name]
-        if name.lower() not in _LIST_HEADERS:
-            return values
-        return [item.strip() for v in values for item in split_outside(v, ",") if item.strip()]
-
-    def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str):
-            return False
-        try:
-            name = canonical_name(name)
-        except SipError:
-            return False
-        return any(n == name for n, _ in self._items)
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        return iter(list(self._items))
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Headers) and self._items == other._items
-
-    def __repr__(self) -> str:
-        return f"Headers({self._items!r})"
-
-    def copy(self) -> Headers:
-        new = Headers()
-        new._items = list(self._items)
-        return new
 
 
 class _Message:
