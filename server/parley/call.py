@@ -52,7 +52,8 @@ from parley.pipeline.queues import StageQueue
 from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.replying import LlmStage
 from parley.pipeline.speculation import SpeculativeReplies
-from parley.pipeline.stages import BackchannelStage, StageRunner, SttStage, TtsStage, TurnEndStage
+from parley.pipeline.stages import BackchannelStage, StageRunner, SttStage, TurnEndStage
+from parley.pipeline.tts_stage import TtsStage
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import TurnTaker
 from parley.pipeline.vad_stage import VadInbox, VadStage
