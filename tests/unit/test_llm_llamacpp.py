@@ -408,6 +408,29 @@ def test_after_introducing_itself_once_it_does_not_introduce_itself_again(llm: L
     assert reply and "parley" not in reply.lower(), reply
 
 
+def test_two_replies_that_opened_alike_do_not_set_how_the_next_one_opens(llm: LlamaCppLlm) -> None:
+    # Over SIP (2026-12-06) every reply after these two began "As a voice assistant ...", even to
+    # "How do I make a cup of tea?", and most refused a plain question.
+    messages: list[Message] = [
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "assistant", "content": DEFAULT_GREETING},
+        {"role": "user", "content": "What is my mother like in Paris to me?"},
+        {
+            "role": "assistant",
+            "content": "As a voice assistant, I don't have personal experiences or emotions.",
+        },
+        {"role": "user", "content": "Can you recommend a Godbook to read?"},
+        {
+            "role": "assistant",
+            "content": "As a voice assistant and AI, I do not have personal preferences or emotions.",
+        },
+        {"role": "user", "content": "How do I make a cup of tea?"},
+    ]
+    reply = "".join(str(piece) for piece in llm.stream(messages, never))
+    assert not reply.startswith("As a"), reply
+    assert "tea" in reply.lower(), reply
+
+
 def test_a_reply_may_end_its_sentence_where_an_earlier_reply_ended_one(llm: LlamaCppLlm) -> None:
     messages: list[Message] = [
         {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},

@@ -5,15 +5,34 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parley.engines.repeats import ALLOWED_RUN, BASE, MULTIPLIER, copy_penalties, penalise_copies
+from parley.engines.repeats import (
+    ALLOWED_RUN,
+    BASE,
+    MULTIPLIER,
+    OPENING_PENALTY,
+    copy_penalties,
+    penalise_copies,
+)
 
 SORRY = [40, 2776, 14589, 11, 714, 358, 1513, 944, 614]  # "I'm sorry, but I don't have ..."
 
 
 def test_nothing_is_penalised_until_a_run_of_an_earlier_reply_is_being_copied() -> None:
-    assert copy_penalties([], [SORRY]) == {}
+    assert copy_penalties([], []) == {}
     assert copy_penalties([40], [SORRY]) == {}  # one token of it: free
     assert copy_penalties([7, 8], [SORRY]) == {}  # not in any earlier reply
+
+
+def test_a_reply_is_kept_lightly_from_opening_as_two_earlier_replies_did() -> None:
+    as_a_voice_assistant = [2121, 264, 7743, 17847, 11]  # "As a voice assistant,"
+    as_a_friend = [2121, 264, 4238]  # "As a friend"
+    the_capital = [785, 6722, 315]  # "The capital of"
+    assert copy_penalties([], [as_a_voice_assistant, the_capital, []]) == {}  # one each: free
+    assert copy_penalties([], [as_a_voice_assistant, the_capital, as_a_friend]) == {
+        2121: pytest.approx(OPENING_PENALTY)
+    }
+    full_stop = 13
+    assert copy_penalties([], [[full_stop], [full_stop]], free={full_stop}) == {}
 
 
 def test_the_token_that_extends_a_copied_run_is_penalised_more_the_longer_the_run() -> None:

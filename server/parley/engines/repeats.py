@@ -12,6 +12,7 @@ looked at: an answer repeats the question's words by right.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
@@ -24,6 +25,15 @@ BASE = 1.75  # each token more of the same run multiplies the penalty by this
 # questions with "I'm Parley, a voice assistant. How can I ... you today?", dodging the penalty with
 # "voiceassistant", "voice-Assistant" (SIP, 2026-12-03); at 3.0 it answered from the fourth turn on.
 MULTIPLIER = 3.0
+# The penalty on a reply's first token where two or more earlier replies began with it. A run penalty
+# cannot reach an opening: "As a" is free, and the copy then goes on in new words. After a garbled first
+# question (SIP, 2026-12-06) Qwen2.5-0.5B answered "As a voice assistant, I don't have personal
+# experiences"; then 8 of the next 9 replies began "As a voice assistant" and most refused ("... I am
+# not able to provide information about the capital city of Japan"). With this, the second reply still
+# began so, and the 8 after it answered ("The capital city of Japan is Tokyo."). Not after one reply:
+# kept from "I'm" where only an introduction had opened with it, the model wrote "As a Parley voice
+# assistant" instead. Light: "The" may open reply after reply where it is by far the likeliest word.
+OPENING_PENALTY = 1.5
 LONGEST_RUN = 24  # beyond this, the penalty stops growing (it is far past any logit margin by then)
 
 
@@ -34,7 +44,11 @@ def copy_penalties(
     the penalty to subtract from its logit (the longest run's). Empty while nothing is being copied.
     Tokens in `free` (a sentence's or the reply's end) are never penalised: ending a sentence where an
     earlier reply ended one copies nothing more ("A dog has four legs." after "A spider has four legs.";
-    penalised, the full stop gave way to ", but it is not a mammal.")."""
+    penalised, the full stop gave way to ", but it is not a mammal.").
+    Before the first token, a token that opened two or more earlier replies gets `OPENING_PENALTY`."""
+    if not said:
+        opened = Counter(reply[0] for reply in earlier if reply and reply[0] not in free)
+        return {token: OPENING_PENALTY for token, n in opened.items() if n >= 2}
     if len(said) < ALLOWED_RUN:
         return {}
     last = said[-1]
