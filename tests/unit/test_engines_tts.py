@@ -14,7 +14,13 @@ import pytest
 from parley.audio import PIPELINE_RATE, resample
 from parley.config import DEFAULT_GREETING, Settings
 from parley.engines.compute_load import COMPUTE
-from parley.engines.piper_stream import FIRST_FRAMES, split_graph, stretches
+from parley.engines.piper_stream import (
+    CONTEXT_FRAMES,
+    FIRST_FRAMES,
+    FLOW_CONTEXT_FRAMES,
+    split_graph,
+    stretches,
+)
 from parley.engines.stt import SttEngine
 from parley.engines.tts import PhraseCache, load_tts, voice_files
 from tests.unit.test_engines_speech import normalise
@@ -155,13 +161,30 @@ def test_a_sentence_decoded_a_stretch_at_a_time_is_the_sentence_decoded_whole(tt
     stream = tts.engine._stream  # type: ignore[attr-defined]
     voice = tts.engine._voice  # type: ignore[attr-defined]
     latent = stream.latent(voice.phonemes_to_ids(voice.phonemize(LONG)[0]), (0.667, 1.0, 0.8))
-    frames = latent.shape[2]
+    frames = latent.frames
     whole = stream.decode(latent, 0, frames)
     parts = [stream.decode(latent, start, end) for start, end in stretches(frames)]
 
     assert len(parts) >= 3 and parts[0].size == FIRST_FRAMES * stream.hop
     assert whole.size == frames * stream.hop == sum(p.size for p in parts)
     assert float(np.max(np.abs(np.concatenate(parts) - whole))) < 1e-4
+
+
+def test_the_latent_made_first_for_the_first_stretch_then_for_the_rest_is_the_latent_made_whole(
+    tts: PhraseCache,
+) -> None:
+    stream = tts.engine._stream  # type: ignore[attr-defined]
+    voice = tts.engine._voice  # type: ignore[attr-defined]
+    latent = stream.latent(voice.phonemes_to_ids(voice.phonemize(LONG)[0]), (0.667, 1.0, 0.8))
+    first = latent.upto(FIRST_FRAMES + CONTEXT_FRAMES).copy()  # what the first stretch needs: one run
+    made_first = latent._made.shape[2]
+    whole = latent.upto(latent.frames)  # the rest: a second run
+
+    assert FIRST_FRAMES + CONTEXT_FRAMES == made_first < latent.frames - FLOW_CONTEXT_FRAMES
+    at_once = latent._flow(0, latent.frames)  # the flow over the whole sentence in one run
+    assert whole.shape == at_once.shape
+    assert float(np.max(np.abs(whole - at_once))) < 1e-5
+    assert float(np.max(np.abs(first - at_once[:, :, :made_first]))) < 1e-5
 
 
 def test_the_first_words_of_a_long_sentence_come_before_the_rest_is_made(tts: PhraseCache) -> None:
@@ -199,7 +222,8 @@ def test_a_graph_without_piper_s_decoder_is_synthesised_whole(tmp_path: Path) ->
     model = tmp_path / "voice.onnx"
     onnx.save(helper.make_model(graph), str(model))
     assert split_graph(model) is None
-    assert split_graph(voice_files("joe")[0]) is not None
+    joe = split_graph(voice_files("joe")[0])
+    assert joe is not None and joe.flow is not None  # Piper's export: the flow is cut out too
 
 
 def test_stretches_start_short_then_double_and_leave_no_scrap() -> None:

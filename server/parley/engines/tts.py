@@ -54,7 +54,7 @@ def _piper_session(model: Path | bytes, providers: list[str]) -> Any:
     Piper's inputs change size with every sentence, and onnxruntime's CPU arena keeps the peak of every
     shape it has seen: measured here, the process grew by ~180 MB per 5 sentences, without end. Without
     the arena it stays flat, at no measurable cost in synthesis time. onnxruntime's threads spin between
-    and after runs by default: with a voice in two sessions (the latent, then its audio a stretch at a
+    and after runs by default: with a voice in several sessions (the latent, then its audio a stretch at a
     time) the idle one's threads spun on the cores the other was using, and the first audio of a reply
     took p50 0.15-0.19 s in the service against 0.12 s with spinning off (`bench response --transport
     sip`); alone, a sentence takes the same either way.
@@ -149,7 +149,7 @@ class PiperTts:
         scales = (config.noise_scale, config.length_scale, config.noise_w_scale)
         with COMPUTE.running(self.device):
             latent = stream.latent(self._voice.phonemes_to_ids(phonemes), scales)
-        for start, end in stretches(latent.shape[2]):
+        for start, end in stretches(latent.frames):
             with COMPUTE.running(self.device):
                 audio = stream.decode(latent, start, end)
             yield audio
