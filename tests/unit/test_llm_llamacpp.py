@@ -17,7 +17,7 @@ from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads
 from parley.engines.llm import LlmError, Message, load_llm
 from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm, _most_urgent, _Request
-from parley.engines.urgency import URGENCY
+from parley.engines.urgency import HELD, URGENCY
 from parley.settings_sources import SettingsError, validate
 from tests.unit.test_engines_llm import BOOK, HELLO, looks_english, never, replies_asked_together
 
@@ -266,6 +266,36 @@ def test_a_caller_waiting_while_it_decides_whether_to_stop_holds_its_reply_at_on
     reader.join()
 
     assert held == [held[0]] and held[0] <= taken + 1  # at most the step under way when it began to wait
+    assert looks_english("".join(said)), said
+
+
+def test_a_reply_its_caller_holds_sits_out_the_steps_even_while_its_caller_reads_on(llm: LlamaCppLlm) -> None:
+    # The LLM stage holds its reply while the first piece is voiced (engines/urgency.py, HELD): the engine
+    # asks before each step, so the hold takes even when the caller's thread comes back late.
+    hold, release = threading.Event(), threading.Event()
+    said: list[str] = []
+
+    def read() -> None:
+        token = HELD.set(lambda: hold.is_set() and not release.is_set())
+        try:
+            for delta in llm.stream(ROME, never):
+                said.append(str(delta))
+                if len(said) == 3:
+                    hold.set()
+        finally:
+            HELD.reset(token)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert hold.wait(30)
+    time.sleep(0.3)  # the step under way, and what was queued, are read
+    decoded = [len(r.said) for r in llm._active]
+    time.sleep(0.3)  # a dozen steps' time
+    still = [len(r.said) for r in llm._active]
+    release.set()
+    reader.join(30)
+
+    assert decoded and still == decoded  # nothing decoded while held
     assert looks_english("".join(said)), said
 
 

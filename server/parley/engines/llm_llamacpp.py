@@ -56,7 +56,7 @@ from parley.engines.llm import (
     deltas_from_steps,
 )
 from parley.engines.repeats import penalise_copies
-from parley.engines.urgency import due_by
+from parley.engines.urgency import due_by, held_by
 from parley.log import event
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,8 @@ class _Request:
     earlier: list[list[int]] = field(default_factory=list)  # the conversation's earlier replies' tokens
     # When its next words are due: the asking reply's deadline (engines/urgency.py), read where it is asked.
     due: Callable[[], float] = field(default_factory=due_by)
+    # Whether its caller wants it to wait (engines/urgency.py, `HELD`): while its first piece is voiced.
+    held: Callable[[], bool] = field(default_factory=held_by)
 
 
 def _most_urgent(ready: list[_Request]) -> list[_Request]:
@@ -227,7 +229,9 @@ class LlamaCppLlm(LocalLlm):
                 self._retire_stopped()
                 self._admit()
                 ready = [
-                    r for r in self._active if r.unread or (not r.waiting and r.steps.qsize() < HOLD_AHEAD)
+                    r
+                    for r in self._active
+                    if r.unread or (not r.waiting and not r.held() and r.steps.qsize() < HOLD_AHEAD)
                 ]
                 if ready:
                     ready = _most_urgent(ready)

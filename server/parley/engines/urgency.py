@@ -20,6 +20,10 @@ from contextvars import ContextVar
 
 # When the work being asked for is due (monotonic seconds); read again as the reply moves on.
 URGENCY: ContextVar[Callable[[], float] | None] = ContextVar("parley_urgency", default=None)
+# Whether the work being asked for should wait now, for another engine's work the caller needs first (a
+# reply whose first piece is being voiced: its next words are of no use before that audio, and a step
+# of the LLM then takes the cores Piper is computing on).
+HELD: ContextVar[Callable[[], bool] | None] = ContextVar("parley_held", default=None)
 
 
 def due_by() -> Callable[[], float]:
@@ -29,3 +33,13 @@ def due_by() -> Callable[[], float]:
         return urgency
     asked = time.monotonic()
     return lambda: asked
+
+
+def held_by() -> Callable[[], bool]:
+    """Whether the work about to be asked for should wait now: the reply's own rule, or never."""
+    held = HELD.get()
+    return held if held is not None else _never
+
+
+def _never() -> bool:
+    return False

@@ -33,6 +33,7 @@ from parley.agent.templates import render
 from parley.agent.tools import ToolResult, ToolRunner, error_result
 from parley.engines.llm import LlmEngine
 from parley.engines.toolcalls import ToolCall
+from parley.engines.urgency import HELD
 from parley.log import event
 from parley.pipeline.backchannels import BackchannelJudge
 from parley.pipeline.messages import ReplyText, Response, Tag, Transcript
@@ -241,6 +242,18 @@ class _Reply:
     def over(self) -> bool:
         return self.ctx.is_stale(self.response.tag) or self.sentences_left <= 0
 
+    def held(self) -> bool:
+        """While the reply's first piece is being voiced (up to `yield_s`): its next steps wait, off the
+        cores the audio is made on. Asked by the engine itself, before each step (engines/urgency.py):
+        the stage's own pause (`should_stop`) comes a step late when the cores are busy."""
+        first = self.response.marks.get("first_piece")
+        return (
+            first is not None
+            and self.yield_s > 0
+            and not self.response.audio_ready.is_set()
+            and time.monotonic() - first < self.yield_s
+        )
+
     def should_stop(self) -> bool:
         # Between tokens. Once the first piece is out, the model waits for its audio: on a CPU the two
         # compete for the same cores, and the caller hears nothing until that audio is ready.
@@ -253,20 +266,26 @@ class _Reply:
         model turn: "Let me check." before a tool and the answer after it are two turns."""
         calls: list[ToolCall] = []
         self.sentences_left = self.ctx.settings.max_reply_sentences
-        for delta in self.stage.llm.stream(messages, should_stop=self.should_stop, tools=tools):
-            if self.response.llm_first_token_s is None:
-                self.response.mark("first_token")
-                self.response.llm_first_token_s = time.monotonic() - self.started
-                metrics.STAGE_LATENCY.labels(stage="llm_first_token").observe(self.response.llm_first_token_s)
-            if isinstance(delta, ToolCall):
-                self.response.mark("tool_call")
-                calls.append(delta)
-                continue
-            hurry = self.response.runs_dry_within(HURRY_S)
-            for piece in self.segmenter.push(delta, hurry=hurry):
-                self.put(piece)
-            if self.over():
-                break
+        held = HELD.set(self.held)  # the engine asks it before each step (engines/urgency.py)
+        try:
+            for delta in self.stage.llm.stream(messages, should_stop=self.should_stop, tools=tools):
+                if self.response.llm_first_token_s is None:
+                    self.response.mark("first_token")
+                    self.response.llm_first_token_s = time.monotonic() - self.started
+                    metrics.STAGE_LATENCY.labels(stage="llm_first_token").observe(
+                        self.response.llm_first_token_s
+                    )
+                if isinstance(delta, ToolCall):
+                    self.response.mark("tool_call")
+                    calls.append(delta)
+                    continue
+                hurry = self.response.runs_dry_within(HURRY_S)
+                for piece in self.segmenter.push(delta, hurry=hurry):
+                    self.put(piece)
+                if self.over():
+                    break
+        finally:
+            HELD.reset(held)
         return calls
 
     def put(self, piece: str) -> None:
