@@ -16,9 +16,8 @@ The latent's last step, the flow (`/flow/...`: coupling layers of small convolut
 the frames the first stretch needs, then on the rest (`SentenceLatent`); the frames it gives are those of
 one run over the whole (measured: identical). Measured on the packaged voice, 2 cores, 37 replies' first
 sentences each synthesised once: the first audio p50 56 against 73 ms, the whole sentence as long as before.
-In the service the gain was lost (`bench response --transport sip`, two alternating pairs: first audio p50
-0.077-0.080 s either way): there the LLM's step already under way when the first piece is handed over runs
-on the same two cores.
+In the service it showed only once the LLM stopped stepping on the same two cores while a first piece is
+voiced (engines/urgency.py, `HELD`): first audio p50 0.077-0.080 s with this alone, 0.069-0.079 s with both.
 """
 
 from __future__ import annotations
