@@ -115,3 +115,16 @@ def test_before_it_plays_all_of_a_replys_audio_is_unheard_and_a_stale_reply_stop
         started = time.monotonic()
         wait_for_playout(response, lead, lambda: False)
         assert time.monotonic() - started < 0.05
+
+
+def test_a_replys_next_words_wait_for_its_first_audio_at_most_the_limit_after_its_first_piece() -> None:
+    response = Response(Tag("t", 0, 1))
+    assert response.first_audio_wait_s(0.4) == 0.0  # no piece handed to TTS yet
+    response.mark("first_piece")
+    assert 0.3 < response.first_audio_wait_s(0.4) <= 0.4
+    assert response.first_audio_wait_s(0.0) == 0.0  # no waiting asked for
+    response.marks["first_piece"] -= 0.5
+    assert response.first_audio_wait_s(0.4) == 0.0  # past the limit
+    response.marks["first_piece"] += 0.5
+    response.audio_ready.set()
+    assert response.first_audio_wait_s(0.4) == 0.0  # its first audio is made

@@ -71,18 +71,15 @@ def split_graph(model: Path) -> SplitGraph | None:
     latent = start.input[0]
     try:
         extractor = Extractor(proto)
-        front = extractor.extract_model(inputs, [latent])
         decoder = extractor.extract_model([latent], outputs)
+        if [value.name for value in decoder.graph.input] != [latent]:
+            return None
+        flow = _flow_graph(extractor, latent)
+        front = extractor.extract_model(inputs, [latent] if flow is None else [flow.prior, flow.mask])
     except Exception:  # an unexpected graph: fall back to the whole
         log.warning("piper_graph_not_split", exc_info=True)
         return None
-    if [value.name for value in decoder.graph.input] != [latent]:
-        return None
-    flow = _flow_graph(extractor, latent)
-    if flow is None:
-        return SplitGraph(front.SerializeToString(), decoder.SerializeToString(), latent)
-    front_of_flow = extractor.extract_model(inputs, [flow.prior, flow.mask])
-    return SplitGraph(front_of_flow.SerializeToString(), decoder.SerializeToString(), latent, flow)
+    return SplitGraph(front.SerializeToString(), decoder.SerializeToString(), latent, flow)
 
 
 def _flow_graph(extractor: Any, latent: str) -> FlowGraph | None:
@@ -149,8 +146,7 @@ class StreamingVoice:
         self._latent_name = graph.latent
         self._front = make_session(graph.front)
         self._decoder = make_session(graph.decoder)
-        self._flow_graph = graph.flow
-        self._flow = None if graph.flow is None else make_session(graph.flow.graph)
+        self._flow = None if graph.flow is None else (make_session(graph.flow.graph), graph.flow)
 
     def latent(self, phoneme_ids: list[int], scales: tuple[float, float, float]) -> SentenceLatent:
         args = {
@@ -158,11 +154,11 @@ class StreamingVoice:
             "input_lengths": np.asarray([len(phoneme_ids)], dtype=np.int64),
             "scales": np.asarray(scales, dtype=np.float32),
         }
-        if self._flow is None or self._flow_graph is None:
+        if self._flow is None:
             latent: np.ndarray = self._front.run(None, args)[0]
             return SentenceLatent(latent.shape[2], latent, None)
         prior, mask = self._front.run(None, args)
-        flow, names = self._flow, self._flow_graph
+        flow, names = self._flow
 
         def run_flow(start: int, end: int) -> np.ndarray:
             feed = {names.prior: prior[:, :, start:end], names.mask: mask[:, :, start:end]}

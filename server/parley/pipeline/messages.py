@@ -70,6 +70,14 @@ class Response:
             return {}
         return {name: round(at - self.speech_end, 3) for name, at in self.marks.items()}
 
+    def first_audio_wait_s(self, limit_s: float) -> float:
+        """How much longer the reply's next words should wait for its first audio: the rest of `limit_s`
+        after its first piece went to TTS, while that audio is not made yet; 0 otherwise."""
+        handed = self.marks.get("first_piece")
+        if handed is None or limit_s <= 0 or self.audio_ready.is_set():
+            return 0.0
+        return max(0.0, handed + limit_s - time.monotonic())
+
     def unplayed_s(self) -> float:
         """Seconds of the audio synthesised so far that the caller has yet to hear: all of it before its
         first frame plays, then as if it played on without a pause (a pause only leaves more unheard)."""

@@ -33,7 +33,6 @@ from parley.agent.templates import render
 from parley.agent.tools import ToolResult, ToolRunner, error_result
 from parley.engines.llm import LlmEngine
 from parley.engines.toolcalls import ToolCall
-from parley.engines.urgency import HELD
 from parley.log import event
 from parley.pipeline.backchannels import BackchannelJudge
 from parley.pipeline.messages import ReplyText, Response, Tag, Transcript
@@ -96,6 +95,12 @@ class LlmStage(Stage[Transcript]):
 
     def due(self, item: Transcript) -> Callable[[], float]:
         return item.response.text_due_at  # the words are due before their audio (pipeline/messages.py)
+
+    def held(self, item: Transcript) -> Callable[[], bool]:
+        # While the reply's first piece is voiced, the engine starts no step for it: the stage's own pause
+        # (`_Reply.should_stop`, between tokens) comes a step late when the cores are busy.
+        limit_s = self.ctx.settings.yield_to_tts_ms / 1000
+        return lambda: item.response.first_audio_wait_s(limit_s) > 0
 
     def handle(self, item: Transcript) -> None:
         response = item.response
@@ -242,23 +247,13 @@ class _Reply:
     def over(self) -> bool:
         return self.ctx.is_stale(self.response.tag) or self.sentences_left <= 0
 
-    def held(self) -> bool:
-        """While the reply's first piece is being voiced (up to `yield_s`): its next steps wait, off the
-        cores the audio is made on. Asked by the engine itself, before each step (engines/urgency.py):
-        the stage's own pause (`should_stop`) comes a step late when the cores are busy."""
-        first = self.response.marks.get("first_piece")
-        return (
-            first is not None
-            and self.yield_s > 0
-            and not self.response.audio_ready.is_set()
-            and time.monotonic() - first < self.yield_s
-        )
-
     def should_stop(self) -> bool:
         # Between tokens. Once the first piece is out, the model waits for its audio: on a CPU the two
-        # compete for the same cores, and the caller hears nothing until that audio is ready.
-        if self.yield_s > 0 and "first_piece" in self.response.marks:
-            self.response.audio_ready.wait(self.yield_s)
+        # compete for the same cores, and the caller hears nothing until that audio is ready. The engine
+        # holds the reply by the same rule before each step (LlmStage.held).
+        wait_s = self.response.first_audio_wait_s(self.yield_s)
+        if wait_s > 0:
+            self.response.audio_ready.wait(wait_s)
         return self.ctx.is_stale(self.response.tag)
 
     def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[ToolCall]:
@@ -266,26 +261,20 @@ class _Reply:
         model turn: "Let me check." before a tool and the answer after it are two turns."""
         calls: list[ToolCall] = []
         self.sentences_left = self.ctx.settings.max_reply_sentences
-        held = HELD.set(self.held)  # the engine asks it before each step (engines/urgency.py)
-        try:
-            for delta in self.stage.llm.stream(messages, should_stop=self.should_stop, tools=tools):
-                if self.response.llm_first_token_s is None:
-                    self.response.mark("first_token")
-                    self.response.llm_first_token_s = time.monotonic() - self.started
-                    metrics.STAGE_LATENCY.labels(stage="llm_first_token").observe(
-                        self.response.llm_first_token_s
-                    )
-                if isinstance(delta, ToolCall):
-                    self.response.mark("tool_call")
-                    calls.append(delta)
-                    continue
-                hurry = self.response.runs_dry_within(HURRY_S)
-                for piece in self.segmenter.push(delta, hurry=hurry):
-                    self.put(piece)
-                if self.over():
-                    break
-        finally:
-            HELD.reset(held)
+        for delta in self.stage.llm.stream(messages, should_stop=self.should_stop, tools=tools):
+            if self.response.llm_first_token_s is None:
+                self.response.mark("first_token")
+                self.response.llm_first_token_s = time.monotonic() - self.started
+                metrics.STAGE_LATENCY.labels(stage="llm_first_token").observe(self.response.llm_first_token_s)
+            if isinstance(delta, ToolCall):
+                self.response.mark("tool_call")
+                calls.append(delta)
+                continue
+            hurry = self.response.runs_dry_within(HURRY_S)
+            for piece in self.segmenter.push(delta, hurry=hurry):
+                self.put(piece)
+            if self.over():
+                break
         return calls
 
     def put(self, piece: str) -> None:

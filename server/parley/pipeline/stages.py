@@ -24,7 +24,7 @@ from parley.audio import PIPELINE_RATE
 from parley.config import Settings
 from parley.engines.stt import SttCancelled, SttEngine, Transcription
 from parley.engines.turn_end import SmartTurn
-from parley.engines.urgency import URGENCY
+from parley.engines.urgency import HELD, URGENCY
 from parley.log import event
 from parley.outbound import Outbound
 from parley.pipeline.backchannels import COMMAND_WORDS, BackchannelJudge
@@ -116,8 +116,10 @@ class Stage(threading.Thread, Generic[Item]):
             if item is None:
                 self.idle()
                 continue
-            # Engines shared by many calls serve the most urgent work first (engines/urgency.py).
+            # Engines shared by many calls serve the most urgent work first, and hold what should wait
+            # (engines/urgency.py).
             urgency = URGENCY.set(self.due(item))
+            held = HELD.set(self.held(item))
             try:
                 self.handle(item)
             except Exception:
@@ -125,10 +127,15 @@ class Stage(threading.Thread, Generic[Item]):
                 log.exception("stage_failed", extra={"call_id": self.ctx.call_id, "stage": self.stage_name})
                 self.recover(item)
             finally:
+                HELD.reset(held)
                 URGENCY.reset(urgency)
 
     def due(self, item: Item) -> Callable[[], float] | None:
         """When the engine work for `item` is due (engines/urgency.py); None: when it is asked for."""
+        return None
+
+    def held(self, item: Item) -> Callable[[], bool] | None:
+        """Whether the engine work for `item` should wait now (engines/urgency.py); None: never."""
         return None
 
     def handle(self, item: Item) -> None:
