@@ -51,6 +51,10 @@ ENV PARLEY_CACHE=/opt/parley/cache
 RUN parley prepare
 
 # Run: the venv, the models and the page; nothing to compile, no build tools.
+# It listens on every address of the container, so it starts only with its credentials (it refuses to
+# start open to anyone): PARLEY_TOKEN_FILE (a mounted secret; or PARLEY_TOKEN), and for SIP the trunk's
+# networks (PARLEY_SIP_ALLOW) and/or digest credentials (PARLEY_SIP_AUTH_USER, PARLEY_SIP_AUTH_PASSWORD_FILE),
+# or PARLEY_SIP=off. deploy/compose.yaml and deploy/k8s give it these from secrets.
 FROM base AS runtime
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/parley parley
 COPY --from=build /opt/parley/venv /opt/parley/venv

@@ -8,7 +8,9 @@
   one call, lets its holder hang that call up and fetch TURN credentials, and never opens the API.
   Format: `<payload>.<signature>`, where payload is the base64url (no padding) of the JSON object
   `{"exp": <unix seconds>, "id": "<random hex>"}` (optionally `"agent": "<name>"`: the only agent the
-  call may ask for) and signature the base64url of HMAC-SHA256(--call-token-secret, payload).
+  call may ask for, and `"context": {"key": "value"}`: variables the call gets, which its caller cannot
+  change) and signature the base64url of HMAC-SHA256(--call-token-secret, payload). "One call" holds
+  across a fleet when the records are in PostgreSQL (records/used_tokens.py), else per process.
 - TURN credentials follow coturn's REST API (draft-uberti-behave-turn-rest; coturn `use-auth-secret` with
   `static-auth-secret`): username `<expiry unix seconds>:<id>`, password base64(HMAC-SHA1(secret,
   username)). The page fetches them (`GET /api/ice`) right before a call, so no lasting TURN secret ever
@@ -17,22 +19,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import hmac
 import json
+import logging
 import secrets
+import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from parley.agent.templates import ContextError, checked_context
 from parley.config import Settings
+from parley.records.used_tokens import shared_used_tokens
+
+log = logging.getLogger(__name__)
 
 MAX_CALL_TOKEN_TTL_S = 86400.0  # a token valid longer than a day is a password, not a call token
 MAX_REMEMBERED = 100_000  # used call-token ids kept (until their expiry) so each opens one call
-CALL_TOKEN_CHARS = 1024
+CALL_TOKEN_CHARS = 4096  # fits a URL's query and an Authorization header, with a few context values
 
 
 class AccessDenied(Exception):
@@ -46,6 +56,7 @@ class CallGrant:
     token_id: str
     agent: str | None = None
     expires_at: float = 0.0
+    context: tuple[tuple[str, str], ...] = ()  # the token's variables (its signer's, not the caller's)
 
     @property
     def by_call_token(self) -> bool:
@@ -79,15 +90,26 @@ class CallTokens:
     def __init__(self, secret: str) -> None:
         self._key = secret.encode()
 
-    def mint(self, ttl_s: float, now: float | None = None, agent: str | None = None) -> str:
+    def mint(
+        self,
+        ttl_s: float,
+        now: float | None = None,
+        agent: str | None = None,
+        context: Mapping[str, str] | None = None,
+    ) -> str:
         now = time.time() if now is None else now
         if not 0 < ttl_s <= MAX_CALL_TOKEN_TTL_S:
             raise ValueError(f"a call token lives between 0 and {MAX_CALL_TOKEN_TTL_S:g} s")
         claims: dict[str, Any] = {"exp": int(now + ttl_s), "id": secrets.token_hex(8)}
         if agent:
             claims["agent"] = agent
+        if context:
+            claims["context"] = checked_context(dict(context))  # ContextError (a ValueError) if unfit
         payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
-        return f"{payload}.{self._sign(payload)}"
+        token = f"{payload}.{self._sign(payload)}"
+        if len(token) > CALL_TOKEN_CHARS:
+            raise ValueError(f"a call token is at most {CALL_TOKEN_CHARS} characters: less context")
+        return token
 
     def check(self, token: str, now: float, *, allow_expired: bool = False) -> CallGrant:
         """The grant a token carries; AccessDenied when forged, malformed or (unless allowed) expired."""
@@ -111,11 +133,15 @@ class CallTokens:
             raise AccessDenied("not a valid call token")
         if agent is not None and not isinstance(agent, str):
             raise AccessDenied("not a valid call token")
+        try:
+            context = checked_context(claims.get("context"))
+        except ContextError as exc:
+            raise AccessDenied("not a valid call token") from exc
         if expiry > now + MAX_CALL_TOKEN_TTL_S:
             raise AccessDenied("this call token lives too long")
         if expiry <= now and not allow_expired:
             raise AccessDenied("this call token has expired")
-        return CallGrant(token_id, agent, float(expiry))
+        return CallGrant(token_id, agent, float(expiry), tuple(context.items()))
 
     def _sign(self, payload: str) -> str:
         return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest())
@@ -128,28 +154,80 @@ def turn_credentials(secret: str, ttl_s: float, now: float, user: str) -> tuple[
     return username, base64.b64encode(digest).decode()
 
 
+class UsedTokens(Protocol):
+    """The call-token ids that opened a call, until their tokens expire. May block (a database)."""
+
+    def claim(self, token_id: str, expires_at: float) -> bool:
+        """True for the first claim of `token_id`; raises when the store cannot say."""
+        ...
+
+    def unclaim(self, token_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryUsedTokens:
+    """This process's memory: a token opens one call per instance."""
+
+    def __init__(self, limit: int = MAX_REMEMBERED) -> None:
+        self.limit = limit
+        self._expiries: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()  # claims come through a worker thread (Access.claim)
+
+    def claim(self, token_id: str, expires_at: float) -> bool:
+        with self._lock:
+            now = time.time()
+            while self._expiries and next(iter(self._expiries.values())) <= now:
+                self._expiries.popitem(last=False)
+            if token_id in self._expiries:
+                return False
+            self._expiries[token_id] = expires_at
+            while len(self._expiries) > self.limit:
+                self._expiries.popitem(last=False)
+            return True
+
+    def unclaim(self, token_id: str) -> None:
+        with self._lock:
+            self._expiries.pop(token_id, None)
+
+    def close(self) -> None:
+        """Nothing to let go of: the memory goes with the process."""
+
+
+class TokenStoreUnavailable(Exception):
+    """Whether a call token opened a call already cannot be told now (the database is down): 503."""
+
+
 class Access:
     """The service's access rules, from its settings. Used on the event loop."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, used: UsedTokens | None = None) -> None:
         self.settings = settings
         self.token = settings.token
         self.call_tokens = CallTokens(settings.call_token_secret) if settings.call_token_secret else None
-        self._used: OrderedDict[str, float] = OrderedDict()  # call-token id -> its expiry
+        self.used: UsedTokens = used or shared_used_tokens(settings.database) or MemoryUsedTokens()
+        # The call tokens spent through this process (id -> expiry), refused at once without asking a
+        # database; `used` is the word of the fleet.
+        self._spent_here: OrderedDict[str, float] = OrderedDict()
         self._opened_by: OrderedDict[str, str] = OrderedDict()  # call id -> the call token's id
+        self._unclaiming: set[asyncio.Future[None]] = set()
 
     @property
     def calls_need_credentials(self) -> bool:
         return bool(self.token or self.call_tokens)
 
     def check_bearer(self, authorization: str) -> None:
-        """For the API: the bearer token when one is set (call tokens never open the API)."""
+        """For the API: the bearer token when one is set (call tokens never open the API). With call
+        tokens and no bearer token, the API is closed: whoever may place a call is not its operator."""
         if self.token and not constant_time_equal(bearer_of(authorization), self.token):
             raise AccessDenied("missing or wrong bearer token")
+        if not self.token and self.call_tokens is not None:
+            raise AccessDenied("the API needs PARLEY_TOKEN: a call-token secret alone opens no API")
 
-    def check_caller(self, authorization: str, now: float, *, claim: bool = True) -> CallGrant:
-        """For call set-up (and TURN credentials, `claim=False`): the bearer token or a valid call token
-        that opened no call yet. A claimed token stays spent unless `unclaim` gives it back."""
+    def check_caller(self, authorization: str, now: float) -> CallGrant:
+        """For call set-up (and TURN credentials): the bearer token or a valid call token that opened no
+        call through this process. A call set-up then spends it for the whole fleet with
+        `await claim(grant)`."""
         credential = bearer_of(authorization)
         if not self.calls_need_credentials or (self.token and constant_time_equal(credential, self.token)):
             return BEARER
@@ -157,18 +235,58 @@ class Access:
             raise AccessDenied("missing or wrong bearer token")
         grant = self.call_tokens.check(credential, now)
         self._forget_expired(now)
-        if grant.token_id in self._used:
+        if grant.token_id in self._spent_here:
             raise AccessDenied("this call token has opened a call already")
-        if claim:
-            self._used[grant.token_id] = grant.expires_at
-            while len(self._used) > MAX_REMEMBERED:
-                self._used.popitem(last=False)
         return grant
 
+    async def claim(self, grant: CallGrant) -> None:
+        """Spend the grant's call token: AccessDenied when it opened a call already, here or on another
+        instance sharing the store; TokenStoreUnavailable when the store cannot say (the call is refused:
+        a token that cannot be checked could open any number of calls)."""
+        if not grant.by_call_token:
+            return
+        if grant.token_id in self._spent_here:
+            raise AccessDenied("this call token has opened a call already")
+        self._spend_here(grant)  # first: a second offer with it on this instance meanwhile is refused
+        try:
+            first = await asyncio.to_thread(self.used.claim, grant.token_id, grant.expires_at)
+        except Exception as exc:
+            self._spent_here.pop(grant.token_id, None)
+            raise TokenStoreUnavailable("call tokens cannot be checked now; try again") from exc
+        if not first:
+            raise AccessDenied("this call token has opened a call already")
+
     def unclaim(self, grant: CallGrant) -> None:
-        """The call this grant was claimed for did not open (refused, bad offer): the token is good again."""
-        if grant.by_call_token:
-            self._used.pop(grant.token_id, None)
+        """The call this grant was claimed for did not open (refused, bad offer): the token is good again.
+        Never blocks: the store forgets it on a worker thread."""
+        if not grant.by_call_token:
+            return
+        self._spent_here.pop(grant.token_id, None)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.used.unclaim(grant.token_id)
+            return
+        forgetting = loop.run_in_executor(None, self.used.unclaim, grant.token_id)
+        self._unclaiming.add(forgetting)
+        forgetting.add_done_callback(self._unclaimed)
+
+    async def close(self) -> None:
+        """Let the store go (a database connection), once what it was still forgetting is done."""
+        if self._unclaiming:
+            await asyncio.wait(list(self._unclaiming), timeout=5.0)
+        await asyncio.to_thread(self.used.close)
+
+    def _unclaimed(self, forgetting: asyncio.Future[None]) -> None:
+        self._unclaiming.discard(forgetting)
+        if not forgetting.cancelled() and forgetting.exception() is not None:
+            # The token stays spent in the fleet: its holder needs a new one, which is the safe side.
+            log.warning("call_token_unclaim_failed", extra={"error": repr(forgetting.exception())})
+
+    def _spend_here(self, grant: CallGrant) -> None:
+        self._spent_here[grant.token_id] = grant.expires_at
+        while len(self._spent_here) > MAX_REMEMBERED:
+            self._spent_here.popitem(last=False)
 
     def opened(self, grant: CallGrant, call_id: str) -> None:
         if grant.by_call_token:
@@ -205,5 +323,5 @@ class Access:
         return {"iceServers": servers, "ttl": int(settings.turn_ttl_s)}
 
     def _forget_expired(self, now: float) -> None:
-        while self._used and next(iter(self._used.values())) <= now:
-            self._used.popitem(last=False)
+        while self._spent_here and next(iter(self._spent_here.values())) <= now:
+            self._spent_here.popitem(last=False)

@@ -16,26 +16,33 @@ from parley import metrics
 from parley.access import Access
 from parley.config import Settings
 from parley.engines import Engines
+from parley.exposure import check_exposure
 from parley.http_api import (
     ACCESS,
+    PROXIES,
     REGISTRY,
     RUNTIME,
+    SAME_SITE,
     SETTINGS,
     SIP,
-    TRUSTED_PROXIES,
     ApiError,
     Handler,
+    SameSite,
     authorise,
+    authorise_metrics,
     errors_as_json,
     hang_up,
     read_body,
     refusal,
+    require_json,
+    same_site_only,
 )
 from parley.limits import BadJson, parse_json
-from parley.ratelimit import networks
+from parley.ratelimit import Proxies
 from parley.records import BadCursor, DatabaseError
 from parley.runtime import CallRefused, Runtime
 from parley.transports.carrier_webhooks import add_carrier_routes
+from parley.transports.sip.dial_policy import DialRefused
 from parley.transports.sip.uac import DialError, dial
 from parley.transports.sip.useragent import SipUserAgent
 from parley.transports.webrtc_http import add_webrtc_routes
@@ -113,6 +120,7 @@ async def drain(request: web.Request) -> web.Response:
     """Take no new call here (readiness 503, SIP 503) and let live ones finish: a pod's preStop hook
     (`parley drain`) calls this, then waits for `calls` to reach 0."""
     authorise(request)
+    require_json(request)
     runtime = request.app[RUNTIME]
     runtime.drain()
     return web.json_response({"draining": True, "calls": len(runtime.registry.active())})
@@ -157,6 +165,7 @@ async def call_events(request: web.Request) -> web.StreamResponse:
 async def dial_sip(request: web.Request) -> web.Response:
     """`{"to": "sip:user@host:port"}`: the agent calls out; 202 with the call's id while it rings."""
     authorise(request)
+    require_json(request)
     ua = request.app.get(SIP)
     if ua is None:
         raise ApiError(409, "SIP is off (--sip off)")
@@ -170,6 +179,9 @@ async def dial_sip(request: web.Request) -> web.Response:
         call = await dial(ua, data["to"])
     except DialError as exc:
         raise ApiError(400, str(exc)) from exc
+    except DialRefused as exc:  # the destination policy: 403, or 429 while the hourly budget is spent
+        retry = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+        raise ApiError(429 if retry else 403, str(exc), retry) from exc
     except CallRefused as exc:
         raise refusal(exc) from exc
     return web.json_response(
@@ -193,6 +205,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def prometheus(request: web.Request) -> web.Response:
+    authorise_metrics(request)
     return web.Response(body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
@@ -212,14 +225,19 @@ def _static(web_dir: Path) -> Handler:
 
 
 def create_app(settings: Settings, engines: Engines | None = None) -> web.Application:
-    """The service. Without `engines`, the models load in a thread at start-up (readyz says when)."""
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_as_json])
+    """The service. Without `engines`, the models load in a thread at start-up (readyz says when).
+    SettingsError when it would be open to anyone who reaches it (exposure.py)."""
+    check_exposure(settings)
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[errors_as_json, same_site_only]
+    )
     runtime = Runtime(settings, engines)
     app[SETTINGS] = settings
     app[RUNTIME] = runtime
     app[REGISTRY] = runtime.registry
     app[ACCESS] = Access(settings)
-    app[TRUSTED_PROXIES] = networks(settings.trusted_proxies)
+    app[PROXIES] = Proxies(settings.trusted_proxies)
+    app[SAME_SITE] = SameSite.of(settings)
     if settings.sip != "off":
         app[SIP] = SipUserAgent(runtime)
     configure_ice(settings.ice_addresses)
@@ -239,7 +257,7 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
     app.router.add_get("/metrics", prometheus)
     app.router.add_get(r"/{name:[A-Za-z0-9_-]+\.(?:js|css|svg|png|ico|html)}", static)
     add_webrtc_routes(app)
-    add_carrier_routes(app, runtime)
+    add_carrier_routes(app, runtime, app[PROXIES])
 
     app.on_startup.append(_start)
     app.on_shutdown.append(_stop)
@@ -262,4 +280,5 @@ async def _stop(app: web.Application) -> None:
     ua = app.get(SIP)
     if ua is not None:
         await ua.close()
+    await app[ACCESS].close()
     await runtime.close()

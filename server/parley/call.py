@@ -15,15 +15,15 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from parley import metrics
 from parley.agent.agentfile import Agent, default_agent
-from parley.agent.templates import render
 from parley.agent.tools import ToolRunner
+from parley.agent.variables import CALLER, SERVICE_NAMES, TOKEN, Source, Variables, spoken, system_prompt
 from parley.audio import PIPELINE_RATE, StreamResampler
 from parley.call_actions import AgentActions
 from parley.call_replies import GREETING_KEY, HeardReplies
@@ -94,7 +94,9 @@ class Call:
         self.end_reason: str | None = None
         self.caller = ""  # who calls (a SIP From URI, a phone number), when the transport knows
         self.called = ""  # who was called (the SIP request-URI / To, the number dialled)
-        self.context: dict[str, str] = {}  # variables from the transport (a carrier's custom parameters)
+        # Variables a token or the caller set (take_context): what the agent file lets a call set.
+        self.context: dict[str, str] = {}
+        self._context_sources: dict[str, Source] = {}
         self.tracker = SpeculativeTurnTracker()
         self.reopen = ReopenWindow(self.tracker)  # a turn can be reopened until its reply is heard
         self.scope = CancelScope()
@@ -169,7 +171,7 @@ class Call:
             thread.start()
         event(log, "call_started", call_id=self.call_id, transport=self.transport)
         self.emit({"type": "call", "call_id": self.call_id, "agent": self.agent.name})
-        self.conversation.system_prompt = render(self.agent.system_prompt, self.variables())
+        self.conversation.system_prompt = system_prompt(self.agent.system_prompt, self.variables())
         if greet:
             self.greet()
 
@@ -179,7 +181,7 @@ class Call:
             if self._greeted or not self._started or self._ended.is_set():
                 return
             self._greeted = True
-        greeting = render(self.agent.greeting, self.variables())
+        greeting = spoken(self.agent.greeting, self.variables())
         if greeting:
             self._say(greeting)
         else:
@@ -209,17 +211,41 @@ class Call:
         )
         return synthesising or bool(self.tts_in.pending()) or self.outbound.has_audio()
 
-    def variables(self) -> dict[str, str]:
-        """What the agent's templates and tools know of the call: its context (the page's, a carrier's
-        parameters, SIP headers) and, taking precedence, what the service knows itself."""
-        return {
+    def take_context(self, values: Mapping[str, str], source: Source) -> None:
+        """Variables for this call from a call token's claims (`TOKEN`) or from the caller (`CALLER`: the
+        offer's context, a carrier's parameters, SIP headers). A caller sets only what the agent file
+        declares, and never what a token set; nobody sets the service's own names. Before `start`."""
+        dropped = []
+        for name, value in values.items():
+            if name in SERVICE_NAMES:
+                continue  # a carrier's parameters name the parties too: the call has them already
+            bound = self._context_sources.get(name) == TOKEN
+            if source == CALLER and (bound or not self.agent.caller_may_set(name)):
+                dropped.append(name)
+                continue
+            self.context[name] = value
+            self._context_sources[name] = source
+        if dropped:
+            metrics.VARIABLES_DROPPED_TOTAL.labels(transport=self.transport).inc(len(dropped))
+            event(
+                log, "variables_dropped", logging.DEBUG, call_id=self.call_id, names=",".join(dropped)[:200]
+            )
+
+    def variables(self) -> Variables:
+        """What the agent's templates and tools know of the call, each value with its source: the
+        context, and what the service knows itself (the parties as the peer named them are the caller's
+        word)."""
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        values = {
             **self.context,
             "call_id": self.call_id,
             "transport": self.transport,
             "caller": self.caller,
             "called": self.called,
-            "now": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "now": now,
         }
+        sources: dict[str, Source] = {**self._context_sources, "caller": CALLER, "called": CALLER}
+        return Variables(values, sources)
 
     def end(self, reason: str = "hangup") -> bool:
         """Stop the call (idempotent, never blocks); True the first time."""

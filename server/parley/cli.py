@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_arguments(token)
     token.add_argument("--for-agent", default=None, help="the only agent the call may ask for")
+    token.add_argument(
+        "--context",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a variable the call gets, which its caller cannot change (repeatable)",
+    )
     token.set_defaults(run=_token)
 
     from parley.bench import add_bench_parser
@@ -72,7 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     bound_malloc_arenas()  # before any thread is started
     settings = load_settings(args)
-    setup_logging(settings.log_level, settings.log_format, settings.log_transcripts)
+    setup_logging(settings.log_level, settings.log_format, settings.log_transcripts, settings.log_numbers)
     app = create_app(settings)
     log.info("listening", extra={"url": f"http://{settings.host}:{settings.port}"})
     web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=10.0)
@@ -98,7 +105,18 @@ def _token(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    print(CallTokens(settings.call_token_secret).mint(settings.call_token_ttl_s, agent=args.for_agent))
+    context = dict(pair.partition("=")[::2] for pair in args.context)
+    if any("=" not in pair for pair in args.context):
+        print("parley: --context takes KEY=VALUE", file=sys.stderr)
+        return 2
+    try:
+        token = CallTokens(settings.call_token_secret).mint(
+            settings.call_token_ttl_s, agent=args.for_agent, context=context
+        )
+    except ValueError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return 2
+    print(token)
     return 0
 
 

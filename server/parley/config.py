@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parley.settings_option import opt as _opt
+from parley.sip_settings import SipSettings
 from parley.turn_settings import TurnSettings
 
 ENV_PREFIX = "PARLEY_"
@@ -38,14 +39,25 @@ def default_data_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class Settings(TurnSettings):
-    """Every setting; the turn-taking ones (a group of their own) are in turn_settings.py."""
+class Settings(TurnSettings, SipSettings):
+    """Every setting; the turn-taking ones and the SIP ones (groups of their own) are in turn_settings.py
+    and sip_settings.py."""
 
     # service
     host: str = field(default="127.0.0.1", metadata=_opt("address the HTTP server binds to"))
     port: int = field(default=8080, metadata=_opt("HTTP port"))
     token: str = field(
-        default="", metadata=_opt("bearer token required on /offer, /whip and /api (empty: none)")
+        default="",
+        metadata=_opt(
+            "bearer token required on /offer, /whip, /api and /metrics (empty: none, on loopback only)"
+        ),
+    )
+    insecure_open: bool = field(
+        default=False,
+        metadata=_opt(
+            "serve on a non-loopback address with no token and SIP with no credentials (a lab only: "
+            "anyone who reaches it may call, dial out, drain and read transcripts)"
+        ),
     )
     max_calls: int = field(default=16, metadata=_opt("calls accepted at once; beyond it 503 + Retry-After"))
     max_body_bytes: int = field(default=65536, metadata=_opt("largest accepted signaling body (bytes)"))
@@ -60,37 +72,6 @@ class Settings(TurnSettings):
     )
     ice_servers: tuple[str, ...] = field(
         default=(), metadata=_opt("STUN/TURN URLs (comma list; turn:user:pass@host:port)", "webrtc")
-    )
-    # SIP (phone trunks) and RTP
-    sip: str = field(
-        default="127.0.0.1:5060",
-        metadata=_opt("HOST:PORT the SIP user agent listens on (UDP and TCP), or 'off'", "sip"),
-    )
-    sip_public_address: str = field(
-        default="",
-        metadata=_opt("address put in Contact, Via and SDP for peers behind NAT ('' = bound address)", "sip"),
-    )
-    sip_allow: tuple[str, ...] = field(
-        default=(), metadata=_opt("source addresses or CIDR networks allowed to send SIP (empty: any)", "sip")
-    )
-    sip_auth_user: str = field(
-        default="",
-        metadata=_opt("digest user callers must authenticate as, and used when a peer challenges us", "sip"),
-    )
-    sip_auth_password: str = field(default="", metadata=_opt("digest password for --sip-auth-user", "sip"))
-    sip_realm: str = field(default="parley", metadata=_opt("digest realm of our challenges", "sip"))
-    sip_caller_id: str = field(default="parley", metadata=_opt("user part of From on outbound calls", "sip"))
-    sip_ring_ms: int = field(
-        default=0, metadata=_opt("an incoming SIP call rings this long before the agent answers", "sip")
-    )
-    sip_ring_timeout_s: float = field(
-        default=30.0, metadata=_opt("an outbound call not answered within this fails (no_answer)", "sip")
-    )
-    rtp_ports: str = field(
-        default="20000-29999", metadata=_opt("UDP port range for RTP (even ports; RTCP +1)", "sip")
-    )
-    rtp_timeout_s: float = field(
-        default=30.0, metadata=_opt("a SIP call with no RTP for this long is ended (0: never)", "sip")
     )
     # carrier media streams
     public_url: str = field(
@@ -253,6 +234,10 @@ class Settings(TurnSettings):
             "log what callers and the agent said at info level too (else only at debug)", "operations"
         ),
     )
+    log_numbers: bool = field(
+        default=False,
+        metadata=_opt("log phone numbers whole (else masked to their last 3 digits)", "operations"),
+    )
     data_dir: str = field(
         default="", metadata=_opt("folder for call records (default ~/.local/share/parley)", "operations")
     )
@@ -265,7 +250,11 @@ class Settings(TurnSettings):
     )
     record_transcripts: bool = field(
         default=True,
-        metadata=_opt("keep what was said in call records ('off': no text, no digits)", "operations"),
+        metadata=_opt(
+            "keep what was said in call records and call.ended/tool.called events ('off': no text, "
+            "digits, tool arguments or results, caller-set variables; numbers masked)",
+            "operations",
+        ),
     )
     retention_days: float = field(
         default=30.0,
@@ -299,7 +288,32 @@ class Settings(TurnSettings):
     trusted_proxies: tuple[str, ...] = field(
         default=(),
         metadata=_opt(
-            "addresses or CIDR networks of proxies whose X-Forwarded-For names the caller", "access"
+            "addresses or CIDR networks of proxies whose X-Forwarded-For names the caller (and whose "
+            "X-Forwarded-Proto/-Host name the public URL); anyone else's X-Forwarded-* is ignored",
+            "access",
+        ),
+    )
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "Host header values served besides localhost, loopback, the bound address and --public-url's "
+            "host ('*': any); bound to every address (0.0.0.0, ::) with none given, any Host is served",
+            "access",
+        ),
+    )
+    allowed_origins: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "browser origins (https://shop.example.com) besides the service's own that may post offers "
+            "and use the API ('*': any)",
+            "access",
+        ),
+    )
+    metrics_token: str = field(
+        default="",
+        metadata=_opt(
+            "bearer token a scraper presents on /metrics instead of --token ('' = --token guards it)",
+            "access",
         ),
     )
     setup_rate: float = field(
@@ -309,8 +323,17 @@ class Settings(TurnSettings):
             "limits",
         ),
     )
+    # At or under --max-calls: one source's burst alone must not be able to take every line.
     setup_burst: int = field(
-        default=20, metadata=_opt("call set-ups a source may make at once before --setup-rate", "limits")
+        default=8, metadata=_opt("call set-ups a source may make at once before --setup-rate", "limits")
+    )
+    max_calls_per_source: int = field(
+        default=4,
+        metadata=_opt(
+            "calls one source address (IPv6: its /64) may hold at once (0: no cap); --rate-limit-exempt "
+            "networks, --sip-allow trunks and carriers whose webhooks are signed are spared",
+            "limits",
+        ),
     )
     rate_limit_exempt: tuple[str, ...] = field(
         # Loopback is this host: its own proxy, PBX or tools (a proxy in front should be named in

@@ -18,7 +18,13 @@ POLL_S = 2.0
 def _request(settings: Settings, path: str, method: str = "GET") -> Any:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
-    request = urllib.request.Request(f"http://{host}:{settings.port}{path}", method=method, headers=headers)
+    body = None
+    if method == "POST":  # the service takes state-changing requests as JSON only
+        headers["Content-Type"] = "application/json"
+        body = b"{}"
+    request = urllib.request.Request(
+        f"http://{host}:{settings.port}{path}", data=body, method=method, headers=headers
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 

@@ -3,8 +3,10 @@
 A line logged without an explicit `call_id` still gets one when it belongs to a call: from the call's
 stage threads (named `<call_id>:<stage>`) or from the asyncio tasks a transport started while setting
 the call up (`CALL_ID`, a context variable that those tasks inherit). What callers and the agent said
-(the `text`, `digit` and `digits` fields) is logged only when running at debug level, or with
---log-transcripts.
+(the `text`, `digit`, `digits` and `heard` fields) is logged only when running at debug level, or with
+--log-transcripts. Phone numbers are masked to their last digits (`sip:+*********567@trunk`) in every
+URI and in the fields that name a party, unless --log-numbers: a log line is kept and shipped further
+than the records are.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import Any
 
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
 CALL_ID: contextvars.ContextVar[str] = contextvars.ContextVar("call_id", default="")
-TRANSCRIPT_FIELDS = ("text", "digit", "digits")
+TRANSCRIPT_FIELDS = ("text", "digit", "digits", "heard")
+NUMBER_FIELDS = ("caller", "called", "to", "from", "dial", "destination", "number", "transferred_to")
+NUMBER_DIGITS_KEPT = 3
+# The user part of a SIP URI (before its '@'), a tel: URI, and, in a field that names a party, a number
+# on its own (E.164 or national, with the usual separators).
+_SIP_USER = re.compile(r"(?<![\w+.-])(sips?:)([^@\s;>\"',/]+)(?=@)", re.IGNORECASE)
+_TEL = re.compile(r"(?<![\w+.-])(tel:)(\+?[0-9][0-9().-]*)", re.IGNORECASE)
+_NUMBER = re.compile(r"(?<![\w.])\+?[0-9][0-9 ()-]{3,}[0-9](?![\w.])")
 # Credentials inside URLs (https://user:secret@host, postgresql://user:secret@db, turn:user:secret@host):
 # whatever logs a URL or an error that quotes one, the line keeps the URL without them.
 _URL_CREDENTIALS = re.compile(r"\b((?:[a-zA-Z][a-zA-Z0-9+.-]*://)|(?:turns?|stuns?):)[^\s/?#@\"']+@")
@@ -30,6 +39,33 @@ def redact_credentials(text: str) -> str:
     return _URL_CREDENTIALS.sub(r"\1***@", text)
 
 
+def mask_number(text: str) -> str:
+    """`text` with every digit but the last few replaced by `*`, when it holds enough digits to be a
+    phone number (an extension like "500" or a name like "alice" stays as it is)."""
+    total = sum(c.isdigit() for c in text)
+    if total < 5:
+        return text
+    seen = 0
+    masked = []
+    for c in text:
+        if c.isdigit():
+            seen += 1
+            masked.append(c if seen > total - NUMBER_DIGITS_KEPT else "*")
+        else:
+            masked.append(c)
+    return "".join(masked)
+
+
+def mask_numbers(text: str, *, alone: bool = False) -> str:
+    """`text` with the numbers in its SIP and tel: URIs masked; with `alone`, numbers standing on their
+    own too (a field that names a party: `+15551234567`)."""
+    text = _SIP_USER.sub(lambda m: m.group(1) + mask_number(m.group(2)), text)
+    text = _TEL.sub(lambda m: m.group(1) + mask_number(m.group(2)), text)
+    if alone:
+        text = _NUMBER.sub(lambda m: mask_number(m.group(0)), text)
+    return text
+
+
 CALL_THREAD_PREFIX = "c-"  # stage threads are named after their call: "c-1a2b3c4d5e6f:vad"
 
 
@@ -38,12 +74,13 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 class CallContext(logging.Filter):
-    """Adds the call's id to lines logged on its behalf without one, and keeps what was said out of
-    lines above debug level unless transcripts are asked for."""
+    """Adds the call's id to lines logged on its behalf without one, keeps what was said out of lines
+    above debug level unless transcripts are asked for, and masks phone numbers unless asked not to."""
 
-    def __init__(self, transcripts: bool = False) -> None:
+    def __init__(self, transcripts: bool = False, numbers: bool = False) -> None:
         super().__init__()
         self.transcripts = transcripts
+        self.numbers = numbers
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not getattr(record, "call_id", ""):
@@ -55,7 +92,17 @@ class CallContext(logging.Filter):
             for name in TRANSCRIPT_FIELDS:
                 if name in record.__dict__:
                     delattr(record, name)
+        if not self.numbers:
+            _mask_record(record)
         return True
+
+
+def _mask_record(record: logging.LogRecord) -> None:
+    for key, value in _fields(record).items():
+        if isinstance(value, str):
+            setattr(record, key, mask_numbers(value, alone=key in NUMBER_FIELDS))
+    if isinstance(record.msg, str) and not record.args:
+        record.msg = mask_numbers(record.msg)
 
 
 def _call_of_thread(name: str) -> str:
@@ -104,10 +151,12 @@ def _quote(value: Any) -> str:
     return text
 
 
-def setup_logging(level: str = "info", log_format: str = "text", transcripts: bool = False) -> None:
+def setup_logging(
+    level: str = "info", log_format: str = "text", transcripts: bool = False, numbers: bool = False
+) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else KeyValueFormatter())
-    handler.addFilter(CallContext(transcripts))
+    handler.addFilter(CallContext(transcripts, numbers))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

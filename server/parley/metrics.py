@@ -38,6 +38,18 @@ CALLS_REFUSED_TOTAL = Counter(
     ["transport", "reason"],
     registry=REGISTRY,
 )
+DIAL_REFUSED_TOTAL = Counter(
+    "parley_dial_refused_total",
+    "Dial-outs the destination policy refused (host: not a --dial-trunks trunk, prefix, rate)",
+    ["reason"],
+    registry=REGISTRY,
+)
+VARIABLES_DROPPED_TOTAL = Counter(
+    "parley_variables_dropped_total",
+    "Variables a caller tried to set that the agent file does not declare (or a call token bound)",
+    ["transport"],
+    registry=REGISTRY,
+)
 CALLS_MAX = Gauge(
     "parley_calls_max", "Calls this instance accepts at once (--max-calls): capacity", registry=REGISTRY
 )
@@ -190,6 +202,7 @@ HTTP_ERROR_REASONS = {
     409: "conflict",
     413: "too_large",
     415: "unsupported_type",
+    421: "misdirected",
     429: "rate_limited",
     500: "internal",
     503: "unavailable",
@@ -206,6 +219,8 @@ for _transport in TRANSPORTS:
     CALLS_REFUSED_TOTAL.labels(transport=_transport, reason="capacity")
     CALLS_REFUSED_TOTAL.labels(transport=_transport, reason="rate_limited")
     CALLS_TOTAL.labels(transport=_transport, outcome="hangup")
+for _reason in ("host", "prefix", "rate"):
+    DIAL_REFUSED_TOTAL.labels(reason=_reason)
 for _outcome in ("confirmed", "cancelled", "timeout"):
     REOPEN_CANDIDATES_TOTAL.labels(outcome=_outcome)
 for _outcome in ("committed", "superseded", "interrupted"):
@@ -226,6 +241,15 @@ for _transport, _reason in (
     ("sip", "malformed"),
     ("sip", "rtp_timeout"),
     ("sip", "no_ack"),
+    ("sip", "rtp_foreign"),
+    ("sip", "srtp_unauthenticated"),
+    ("sip", "srtcp_unauthenticated"),
+    ("sip", "send_failed"),
+    ("sip", "rate_limited"),
+    ("sip", "transactions_full"),
+    ("sip", "connections_full"),
+    ("sip", "forbidden"),
+    ("sip", "tls_failed"),
 ):
     TRANSPORT_ERRORS_TOTAL.labels(transport=_transport, reason=_reason)
 for _reason in ("queue_full", "write_failed"):

@@ -13,11 +13,19 @@ was forgotten starts with a full bucket again, which costs at most one burst.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from parley.log import event
+
+log = logging.getLogger(__name__)
 
 MAX_SOURCES = 50_000
+MAX_WARNED = 16  # proxies nobody named, each logged once
+FORWARDING_HEADERS = ("X-Forwarded-For", "Forwarded", "X-Real-IP")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -53,6 +61,15 @@ def _in(address: str, nets: list[Network]) -> bool:
     return any(ip in net for net in nets)
 
 
+def _near(address: str) -> bool:
+    """A loopback or private address: this host, or a network of the operator's."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_private
+
+
 def source_key(address: str) -> str:
     """What a source is counted as: its IPv4 address, its IPv6 /64, or (unparseable) the text itself."""
     try:
@@ -78,9 +95,13 @@ class SourceLimiter:
         self.max_sources = max_sources
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
 
-    def check(self, address: str, now: float) -> float:
-        """Count one set-up from `address`: 0.0 when allowed, else the seconds to wait before the next."""
-        if self.rate <= 0 or _in(address, self.exempt):
+    def spares(self, address: str) -> bool:
+        return _in(address, self.exempt)
+
+    def check(self, address: str, now: float, *, spare: bool = True) -> float:
+        """Count one set-up from `address`: 0.0 when allowed, else the seconds to wait before the next.
+        `spare=False`: counted even from an exempt address (it forwarded someone else's request)."""
+        if self.rate <= 0 or (spare and self.spares(address)):
             return 0.0
         key = source_key(address)
         bucket = self._buckets.pop(key, None) or TokenBucket(self.rate, self.burst, now)
@@ -105,3 +126,49 @@ def forwarded_source(remote: str, headers: Mapping[str, str], trusted: list[Netw
         if not _in(hop, trusted):
             return hop
     return remote
+
+
+@dataclass(frozen=True)
+class Source:
+    """Who sets a call up, as the per-source limits count it. `spareable` is False for a request that
+    a proxy nobody named forwarded: its peer (say loopback) may be exempt, the callers behind it are not."""
+
+    address: str
+    spareable: bool = True
+
+
+class Proxies:
+    """The proxies in front of the service (--trusted-proxies): only their X-Forwarded-* headers count."""
+
+    def __init__(self, trusted: Iterable[str]) -> None:
+        self.trusted = networks(trusted)
+        self._warned: set[str] = set()
+
+    def trusts(self, remote: str) -> bool:
+        return _in(remote, self.trusted)
+
+    def source(self, remote: str, headers: Mapping[str, str]) -> Source:
+        """Who a request comes from. A forwarded request from a peer that is not a trusted proxy counts
+        as that peer, never spared: otherwise a local proxy would make every caller behind it exempt."""
+        if self.trusts(remote):
+            return Source(forwarded_source(remote, headers, self.trusted))
+        if not any(name in headers for name in FORWARDING_HEADERS):
+            return Source(remote)
+        # An operator's proxy sits on this host or its network; anyone else's headers are only ignored.
+        if _near(remote) and remote not in self._warned and len(self._warned) < MAX_WARNED:
+            self._warned.add(remote)
+            event(
+                log,
+                "untrusted_proxy",
+                logging.WARNING,
+                proxy=remote,
+                hint="name it in --trusted-proxies so that the callers behind it are told apart",
+            )
+        return Source(remote, spareable=False)
+
+    def forwarded(self, remote: str, headers: Mapping[str, str], name: str) -> str | None:
+        """A trusted proxy's X-Forwarded-<name> (its first value), else None."""
+        if not self.trusts(remote):
+            return None
+        value = headers.get(f"X-Forwarded-{name}", "").split(",")[0].strip()
+        return value or None

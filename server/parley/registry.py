@@ -38,6 +38,7 @@ class CallObserver(Protocol):
 class _Entry:
     call: Call
     close_transport: Closer
+    holder: str = ""  # the source it counts against (--max-calls-per-source); "" for none
 
 
 class CallRegistry:
@@ -48,7 +49,7 @@ class CallRegistry:
         self._ending: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[bool]] = set()
         self._admitting = 0
-        self._setting_up: dict[str, Call] = {}
+        self._setting_up: dict[str, tuple[Call, str]] = {}
         self.closing = False  # set by end_all: no call is admitted any more
         self.observers: list[CallObserver] = []  # call records, call events
         self.stuck: list[tuple[str, StageRunner]] = []  # stage threads that did not stop with their call
@@ -60,12 +61,17 @@ class CallRegistry:
     def at_capacity(self) -> bool:
         return self.closing or len(self._active) + self._admitting >= self.max_calls
 
+    def lines_held_by(self, holder: str) -> int:
+        """Calls live or being set up that count against `holder` (a source)."""
+        live = sum(entry.holder == holder for entry in self._active.values())
+        return live + sum(held == holder for _, held in self._setting_up.values())
+
     @contextlib.contextmanager
-    def setting_up(self, call: Call) -> Iterator[None]:
+    def setting_up(self, call: Call, holder: str = "") -> Iterator[None]:
         """Hold a line while a call is being set up (signaling awaits), so that concurrent setups
         cannot all pass the capacity check; meanwhile `get` finds the call (e.g. an outbound call ringing)."""
         self._admitting += 1
-        self._setting_up[call.call_id] = call
+        self._setting_up[call.call_id] = (call, holder)
         try:
             yield
         finally:
@@ -79,8 +85,8 @@ class CallRegistry:
             self._ended.popitem(last=False)
         self._tell(call, lambda observer: observer.call_ended(call))
 
-    def add(self, call: Call, close_transport: Closer) -> None:
-        self._active[call.call_id] = _Entry(call, close_transport)
+    def add(self, call: Call, close_transport: Closer, holder: str = "") -> None:
+        self._active[call.call_id] = _Entry(call, close_transport, holder)
         self._tell(call, lambda observer: observer.call_added(call))
 
     def _tell(self, call: Call, news: Callable[[CallObserver], None]) -> None:
@@ -94,7 +100,8 @@ class CallRegistry:
         entry = self._active.get(call_id)
         if entry is not None:
             return entry.call
-        return self._setting_up.get(call_id) or self._ended.get(call_id)
+        setting_up = self._setting_up.get(call_id)
+        return setting_up[0] if setting_up is not None else self._ended.get(call_id)
 
     def active(self) -> list[Call]:
         return [entry.call for entry in self._active.values()]

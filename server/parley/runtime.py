@@ -20,7 +20,7 @@ from parley.config import Settings
 from parley.engines import Engines, load_engines
 from parley.engines.deadlines import with_deadlines
 from parley.log import event
-from parley.ratelimit import SourceLimiter
+from parley.ratelimit import Source, SourceLimiter, source_key
 from parley.records import CallRecords, open_records
 from parley.registry import CallRegistry
 from parley.watchdog import CallWatchdog
@@ -31,7 +31,8 @@ RETRY_AFTER_S = 5
 
 
 class CallRefused(Exception):
-    """No call can be opened now. `reason`: loading | load_failed | capacity | draining | closing."""
+    """No call can be opened now. `reason`: loading | load_failed | capacity | source_limit | draining |
+    closing | rate_limited."""
 
     def __init__(self, reason: str, message: str, retry_after_s: float = RETRY_AFTER_S) -> None:
         super().__init__(message)
@@ -105,9 +106,10 @@ class Runtime:
                 return agent
         return next((a for a in self.agents.values() if "*" in a.sip_users), None)
 
-    def check_source(self, transport: str, source: str) -> None:
-        """Count a call set-up from `source`; CallRefused ("rate_limited", counted) beyond its rate."""
-        wait_s = self.setup_limiter.check(source, time.monotonic())
+    def check_source(self, transport: str, source: str, *, spare: bool = True) -> None:
+        """Count a call set-up from `source`; CallRefused ("rate_limited", counted) beyond its rate.
+        `spare=False`: counted even from an exempt address (a proxy nobody named forwarded it)."""
+        wait_s = self.setup_limiter.check(source, time.monotonic(), spare=spare)
         if wait_s > 0:
             metrics.CALLS_REFUSED_TOTAL.labels(transport=transport, reason="rate_limited").inc()
             raise CallRefused(
@@ -145,8 +147,18 @@ class Runtime:
             return "stage threads stuck"  # a model hangs: send new calls to another instance
         return None
 
-    def admit(self, transport: str) -> Engines:
-        """The engines for a new call; raises CallRefused (and counts it) when none can be opened now."""
+    def line_holder(self, source: Source | None) -> str:
+        """What a call from `source` counts against the per-source cap as ("": nothing, it is spared:
+        no source given, an exempt network, or the cap is off)."""
+        if source is None or self.settings.max_calls_per_source <= 0:
+            return ""
+        if source.spareable and self.setup_limiter.spares(source.address):
+            return ""
+        return source_key(source.address)
+
+    def admit(self, transport: str, holder: str = "") -> Engines:
+        """The engines for a new call; raises CallRefused (and counts it) when none can be opened now.
+        `holder` (from `line_holder`): the source whose calls are capped at --max-calls-per-source."""
         if self.registry.closing:
             refused = CallRefused("closing", "the service is shutting down")
         elif self.draining:
@@ -159,6 +171,8 @@ class Runtime:
             )
         elif self.registry.at_capacity():
             refused = CallRefused("capacity", "at capacity, try again shortly")
+        elif holder and self.registry.lines_held_by(holder) >= self.settings.max_calls_per_source:
+            refused = CallRefused("source_limit", "this address holds too many calls already")
         else:
             # The calls get the engines under deadlines (a hung model costs one turn); made once.
             if self._call_engines is None or self._call_engines[0] is not self.engines:

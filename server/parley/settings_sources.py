@@ -31,12 +31,14 @@ from parley.config import (
 SECRET_SETTINGS = frozenset(
     {
         "token",
+        "metrics_token",
         "call_token_secret",
         "turn_secret",
         "webhook_secret",
         "stream_secret",
         "twilio_auth_token",
         "sip_auth_password",
+        "sip_outbound_password",
         "llm_api_key",
     }
 )
@@ -203,6 +205,7 @@ def validate(settings: Settings) -> None:
         )
     if settings.sip != "off":
         sip_address(settings.sip)
+        validate_sip_security(settings)
     rtp_port_range(settings.rtp_ports)
     if settings.max_calls < 1:
         raise SettingsError("max_calls must be at least 1")
@@ -227,6 +230,26 @@ def validate(settings: Settings) -> None:
     validate_access_and_limits(settings)
 
 
+def validate_sip_security(settings: Settings) -> None:
+    if settings.sip_tls:
+        host, _, port = settings.sip_tls.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise SettingsError(f"sip_tls must be HOST:PORT (5061 is usual) or '', not {settings.sip_tls!r}")
+        if not settings.sip_tls_cert_file or not settings.sip_tls_key_file:
+            raise SettingsError("sip_tls needs sip_tls_cert_file and sip_tls_key_file (PEM files)")
+    if settings.sip_require_encryption and not settings.sip_tls:
+        raise SettingsError("sip_require_encryption needs sip_tls (HOST:PORT, e.g. 0.0.0.0:5061)")
+    for name in ("sip_trunk_setup_rate", "sip_request_rate", "sip_max_transactions_per_source"):
+        if getattr(settings, name) < 0:
+            raise SettingsError(f"{name} must be 0 (no limit) or more")
+    for name in ("sip_trunk_setup_burst", "sip_request_burst", "sip_max_transactions"):
+        if getattr(settings, name) < 1:
+            raise SettingsError(f"{name} must be at least 1")
+    for name in ("sip_max_connections", "sip_max_connections_per_source", "sip_connection_idle_s"):
+        if getattr(settings, name) <= 0:
+            raise SettingsError(f"{name} must be positive")
+
+
 def validate_access_and_limits(settings: Settings) -> None:
     for name in ("max_sdp_bytes", "max_m_lines", "max_ice_candidates", "max_dc_message_bytes"):
         if getattr(settings, name) < 1:
@@ -239,6 +262,11 @@ def validate_access_and_limits(settings: Settings) -> None:
             raise SettingsError(f"{name} must be positive")
     if settings.setup_burst < 1:
         raise SettingsError("setup_burst must be at least 1")
+    if settings.max_calls_per_source < 0:
+        raise SettingsError("max_calls_per_source must be 0 (no cap) or more")
+    for origin in settings.allowed_origins:
+        if origin != "*" and (not origin.startswith(("https://", "http://")) or origin.count("/") != 2):
+            raise SettingsError(f"allowed_origins takes origins (https://shop.example.com), not {origin!r}")
     if settings.max_dc_messages_per_s <= 0:
         raise SettingsError("max_dc_messages_per_s must be positive")
     for url in settings.turn_urls:

@@ -26,6 +26,7 @@ SECRET = "order-desk-secret"
 
 AGENT = """
 system_prompt = "You are the order desk of Acme. The caller is {caller_name}."
+caller_variables = ["caller_name"]
 greeting = "Acme orders, how can I help, {caller_name}?"
 hold_phrase = "One moment please."
 hold_after_ms = 1500

@@ -5,6 +5,7 @@ and migrated once by any number of instances. The calls run on test engines (no 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from parley.call import Call
 from parley.config import Settings
 from parley.records import BadCursor, CallRecords, open_records
 from parley.records.database import Database, connect
-from parley.records.schema import migrate
+from parley.records.schema import MIGRATIONS, migrate
 from parley.records.store import CallInfo, RecordStore
 from parley.runtime import Runtime
 from parley.transports.base import HangUp, open_call
@@ -209,6 +210,37 @@ async def test_without_transcripts_a_record_keeps_no_text(database: tuple[str, P
     assert record["transcript"][-1]["response_s"] is not None  # what happened and when is kept
 
 
+def test_without_transcripts_no_tool_data_or_heard_words_are_kept_and_numbers_are_masked(
+    database: tuple[str, Path],
+) -> None:
+    store = RecordStore(open_db(database), keep_text=False)
+    try:
+        migrate(store.db)
+        info = CallInfo("c-private", "sip", 1000.0, "sip:+15551234567@trunk", "tel:+15557654321", {"a": "b"})
+        store.call_started(info, 1000.0)
+        events = [
+            {"type": "tool_call", "turn_id": "t1", "name": "lookup", "arguments": '{"card": "4111"}'},
+            {
+                "type": "tool_result",
+                "turn_id": "t1",
+                "name": "lookup",
+                "arguments": "{}",
+                "result": "ok 4111",
+            },
+            {"type": "agent_resumed", "heard": "your card 4111"},
+            {"type": "dtmf", "digit": "4"},
+        ]
+        for seq, payload in enumerate(events):
+            store.call_event("c-private", seq, 1001.0 + seq, payload)
+        store.call_ended(info, 1010.0, "hangup", [])
+        record = store.get("c-private")
+    finally:
+        store.db.close()
+    assert record is not None and "4111" not in json.dumps(record) and record["context"] == {}
+    assert [e["type"] for e in record["events"]] == ["tool_call", "tool_result", "agent_resumed", "dtmf"]
+    assert record["caller"] == "sip:+********567@trunk" and record["called"] == "tel:+********321"
+
+
 def _store_call(store: RecordStore, call_id: str, started: float, ended: float | None) -> None:
     info = CallInfo(call_id, "webrtc", started)
     store.call_started(info, started)
@@ -296,11 +328,14 @@ def test_migrations_are_numbered_and_applied_once_by_many_instances(database: tu
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert not errors and versions == [1, 1, 1, 1]
+    latest = MIGRATIONS[-1].version
+    assert not errors and versions == [latest] * 4
     db = open_db(database)
     try:
-        assert db.rows("SELECT version FROM schema_version") == [(1,)]
-        assert migrate(db) == 1
+        assert db.rows("SELECT version FROM schema_version ORDER BY version") == [
+            (m.version,) for m in MIGRATIONS
+        ]
+        assert migrate(db) == latest
     finally:
         db.close()
 

@@ -42,7 +42,23 @@ What baresip 1.0.0 (Debian's baresip-core) does, found by running it (see tests/
   An incoming INVITE's request-URI user must be the account's user, or baresip answers 404 ("UA not
   found"): dial `phone.uri`.
 - Ports: a SIP port in use (UDP or TCP) makes baresip exit with 98; a ctrl_tcp port in use does not (it
-  runs on without control), so the driver checks the log for that and retries with fresh ports.
+  runs on without control), so the driver checks the log for that and retries with fresh ports. It
+  also listens for SIP over TLS on the SIP port + 1 (always), so the driver takes the two as a pair.
+- TLS (`tls_ca_file`): it cannot dial a `sips:` URI (it dials `sip:sips:agent@HOST:PORT` over UDP, to
+  which nothing answers); dial `sip:USER@HOST:PORT;transport=tls` (`tls_uri`), and it follows the
+  answer's Contact with `;transport=tls` for the ACK and BYE on the same connection. `sip_cafile PEM` in
+  the config is loaded ("ua: adding SIP CA") but **not enforced**: a call connects to a server whose
+  certificate it does not trust, or with no sip_cafile at all. So a test with it shows encrypted
+  signalling, not that the phone authenticated the server.
+- SRTP (`media_encryption`, SDES): the `srtp.so` module and `;mediaenc=srtp-mand` on the account make it
+  offer RTP/SAVP with one a=crypto line (AES_CM_128_HMAC_SHA1_80); `;mediaenc=srtp` offers RTP/AVP with
+  that line (best effort). When the keys agree it logs "SRTP is Enabled (cryptosuite=...)"
+  (`srtp_suites()`) and sends CALL_MENC "0,audio,SUITE". An offer refused ends the call in CALL_CLOSED
+  with the status, e.g. "488 Not Acceptable Here". Its RTCP is not all protected: a 16-byte RTCP APP
+  "PING" when the stream starts and the RTCP BYE ("Adjo") when it ends go out plain, so an SRTP peer that
+  checks SRTCP (RFC 3711 requires it) refuses one or two packets per call.
+- SIP trace (`sip_trace`, `-s`): each message is logged after a `#` line and a `TLS 127.0.0.1:A ->
+  127.0.0.1:B` line (UDP, TCP or TLS), decrypted; `sip_messages()` reads them back.
 """
 
 from __future__ import annotations
@@ -237,6 +253,49 @@ def _reap_all() -> None:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STATUS_LINE = re.compile(r"^\[\d+:\d\d:\d\d\] audio=.*$", re.MULTILINE)  # menu's per-100 ms call status
 _BLANK_RUNS = re.compile(r"\n\s*\n(\s*\n)+")
+_SRTP_ENABLED = re.compile(r"SRTP is Enabled \(cryptosuite=([A-Za-z0-9_]+)\)")
+
+
+# The `-s` trace: "#", the transport and addresses, then the message's head, which ends in a blank line.
+_TRACED = re.compile(r"^#\n(UDP|TCP|TLS) (\S+) -> (\S+)\n(.*?)\r\n\r\n", re.MULTILINE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class TracedMessage:
+    """One SIP message in the `-s` trace: how it went, its start line and headers (not its body)."""
+
+    transport: str  # UDP, TCP or TLS
+    source: str  # host:port
+    destination: str
+    lines: tuple[str, ...]  # the start line, then one header a line
+
+    @property
+    def start_line(self) -> str:
+        return self.lines[0]
+
+    def header(self, name: str) -> str | None:
+        """The first value of header `name` (full names only: the trace shows what baresip wrote)."""
+        prefix = name.lower() + ":"
+        for line in self.lines[1:]:
+            if line.lower().startswith(prefix):
+                return line[len(prefix) :].strip()
+        return None
+
+    @property
+    def method(self) -> str:
+        """The method of the request, or of the request a response answers (from CSeq)."""
+        return (self.header("CSeq") or " ").split()[-1]
+
+    @property
+    def status(self) -> int | None:
+        """A response's status code; None for a request."""
+        parts = self.start_line.split()
+        return int(parts[1]) if parts[0] == "SIP/2.0" and len(parts) > 1 and parts[1].isdigit() else None
+
+
+def tls_uri(user: str, host: str, port: int) -> str:
+    """A URI baresip 1.0 dials over TLS: it cannot dial `sips:` URIs, but takes `transport=tls`."""
+    return f"sip:{user}@{host}:{port};transport=tls"
 
 
 class Baresip:
@@ -249,6 +308,10 @@ class Baresip:
     - `directory`: where config, logs and recordings go (pass `tmp_path / "name"` so pytest keeps them);
       default: a temporary folder removed on close.
     - `sip_trace`: `-s`, every SIP message in the log (`log_text()`).
+    - `tls_ca_file`: `sip_cafile`, the PEM certificate(s) to trust when it calls over TLS (`tls_uri`);
+      baresip 1.0 loads it but connects whatever the server presents (see above).
+    - `media_encryption`: the account's `mediaenc`, e.g. "srtp-mand" (SDES-SRTP only) or "srtp" (offered,
+      plain RTP accepted); default: plain RTP.
 
     Blocking calls (`wait_for_event`) must not run on an event loop that serves the other end of the
     call: in async tests use `wait_for_event_async`. Commands return within milliseconds (baresip answers
@@ -264,9 +327,13 @@ class Baresip:
         codecs: Sequence[str] | None = None,
         directory: Path | str | None = None,
         sip_trace: bool = True,
+        tls_ca_file: Path | str | None = None,
+        media_encryption: str | None = None,
         start_timeout_s: float = 10.0,
     ) -> None:
         self.user = user
+        self.tls_ca_file = Path(tls_ca_file).resolve() if tls_ca_file is not None else None
+        self.media_encryption = media_encryption
         self.auto_answer = auto_answer
         self.codecs = tuple(codecs) if codecs else None
         self.sip_trace = sip_trace
@@ -324,7 +391,7 @@ class Baresip:
         _live.add(self)
         failures: list[str] = []
         for _attempt in range(5):
-            self.sip_port = free_port(udp=True, tcp=True)
+            self.sip_port = free_port_block(2, udp=True, tcp=True, step=1)  # SIP, then TLS on + 1
             self.ctrl_port = free_port(udp=False, tcp=True)
             rtp = free_port_block(RTP_PORT_COUNT, udp=True)
             self.rtp_ports = (rtp, rtp + RTP_PORT_COUNT - 1)
@@ -371,12 +438,18 @@ module_app		ctrl_tcp.so
 ctrl_tcp_listen		127.0.0.1:{self.ctrl_port}
 snd_path		{self.recordings_dir}
 """
+        if self.tls_ca_file is not None:
+            config += f"sip_cafile\t\t{self.tls_ca_file}\n"
+        if self.media_encryption:
+            config += "module\t\t\tsrtp.so\n"
         (self.directory / "config").write_text(config)
         account = f"<sip:{self.user}@127.0.0.1>;regint=0"
         if self.auto_answer:
             account += ";answermode=auto"
         if self.codecs:
             account += ";audio_codecs=" + ",".join(self.codecs)
+        if self.media_encryption:
+            account += f";mediaenc={self.media_encryption}"
         (self.directory / "accounts").write_text(account + "\n")
         # baresip writes default `contacts`, `current_contact` and `uuid` files next to these when absent.
 
@@ -602,6 +675,22 @@ snd_path		{self.recordings_dir}
         text = _ANSI.sub("", text).replace("\r", "\n")
         text = _BLANK_RUNS.sub("\n\n", _STATUS_LINE.sub("", text))
         return text[-max_chars:] if max_chars else text
+
+    def srtp_suites(self) -> list[str]:
+        """The SRTP crypto suite of each stream whose keys agreed, as it logged them so far."""
+        return _SRTP_ENABLED.findall(self.log_text(max_chars=None))
+
+    def sip_messages(self) -> list[TracedMessage]:
+        """Every SIP message it sent or received so far, oldest first (needs `sip_trace`)."""
+        try:
+            # Bytes, not read_text: universal newlines would turn the messages' CRLFs into LFs.
+            text = _ANSI.sub("", self.log_path.read_bytes().decode(errors="replace"))
+        except FileNotFoundError:
+            return []
+        return [
+            TracedMessage(transport, source, destination, tuple(head.split("\r\n")))
+            for transport, source, destination, head in _TRACED.findall(text)
+        ]
 
     def event_log_text(self) -> str:
         return "\n".join(e.line() for e in self.events)

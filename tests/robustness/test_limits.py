@@ -19,7 +19,15 @@ from parley.app import REGISTRY, RUNTIME, create_app
 from parley.bench.service import free_port, metric_value
 from parley.config import Settings
 from parley.limits import MessageGuard
-from parley.ratelimit import SourceLimiter, TokenBucket, forwarded_source, networks, source_key
+from parley.ratelimit import (
+    Proxies,
+    Source,
+    SourceLimiter,
+    TokenBucket,
+    forwarded_source,
+    networks,
+    source_key,
+)
 from parley.transports.base import open_call
 from tests.doubles import make_engines
 from tests.robustness.test_defects import eventually, offer_sdp
@@ -92,6 +100,23 @@ def test_behind_a_trusted_proxy_the_forwarded_address_is_the_source() -> None:
     assert forwarded_source("127.0.0.1", headers, trusted) == "203.0.113.7"
     assert forwarded_source("198.51.100.1", headers, trusted) == "198.51.100.1"  # not a proxy: spoofable
     assert forwarded_source("127.0.0.1", {}, trusted) == "127.0.0.1"
+
+
+def test_only_a_named_proxy_s_forwarding_counts_and_an_unnamed_one_is_never_spared() -> None:
+    headers = {"X-Forwarded-For": "203.0.113.7"}
+    named = Proxies(["127.0.0.1"])
+    assert named.source("127.0.0.1", headers) == Source("203.0.113.7")
+    assert named.forwarded("127.0.0.1", {"X-Forwarded-Host": "voice.example.com, x"}, "Host") == (
+        "voice.example.com"
+    )
+    nobody = Proxies([])
+    assert nobody.source("127.0.0.1", headers) == Source("127.0.0.1", spareable=False)
+    assert nobody.source("127.0.0.1", {}) == Source("127.0.0.1")
+    assert nobody.forwarded("127.0.0.1", {"X-Forwarded-Host": "evil.example"}, "Host") is None
+    limiter = SourceLimiter(rate=0.1, burst=1, exempt=("127.0.0.0/8",))
+    assert all(limiter.check("127.0.0.1", 0.0) == 0.0 for _ in range(3))
+    assert limiter.check("127.0.0.1", 0.0, spare=False) == 0.0
+    assert limiter.check("127.0.0.1", 0.0, spare=False) > 0
 
 
 async def test_a_flood_of_offers_from_one_address_gets_429_with_retry_after() -> None:

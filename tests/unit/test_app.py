@@ -94,8 +94,10 @@ async def test_a_token_guards_signaling_and_the_api() -> None:
     try:
         assert (await c.get("/api/calls")).status == 401
         assert (await c.post("/offer", json={"sdp": "v=0", "type": "offer"})).status == 401
+        assert (await c.get("/metrics")).status == 401
         ok = await c.get("/api/calls", headers={"Authorization": "Bearer s3cret"})
         assert ok.status == 200
-        assert (await c.get("/healthz")).status == 200
+        assert (await c.get("/metrics", headers={"Authorization": "Bearer s3cret"})).status == 200
+        assert (await c.get("/healthz")).status == 200 and (await c.get("/readyz")).status == 200
     finally:
         await c.close()

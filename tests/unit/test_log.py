@@ -98,3 +98,27 @@ def test_text_lines_quote_values_with_spaces() -> None:
     record.note = 'two "words"'
     line = KeyValueFormatter().format(record)
     assert 'event=reply_started call_id=c-1 note="two \\"words\\""' in line
+
+
+def test_phone_numbers_are_masked_to_their_last_digits_unless_asked_for(lines) -> None:  # type: ignore[no-untyped-def]
+    out, handler = lines
+    event(
+        log, "sip_answered", call_id="c-1", caller="sip:+15551234567@trunk.example.com", rtp="10.0.0.7:40000"
+    )
+    event(log, "call_transferred", call_id="c-1", to="+44 20 7946 0958")
+    event(log, "dial_failed", call_id="c-1", error="486 from <sip:0049301234567@pbx>; tel:+15550001111")
+    event(log, "sip_answered", call_id="c-1", caller="sip:alice@example.com", called="sip:500@parley")
+    handler.filters[0].numbers = True  # type: ignore[union-attr]
+    event(log, "sip_answered", call_id="c-1", caller="sip:+15551234567@trunk.example.com")
+    answered, transferred, failed, named, whole = parsed(out)
+    assert answered["caller"] == "sip:+********567@trunk.example.com" and answered["rtp"] == "10.0.0.7:40000"
+    assert transferred["to"] == "+** ** **** *958"
+    assert failed["error"] == "486 from <sip:**********567@pbx>; tel:+********111"
+    assert named["caller"] == "sip:alice@example.com" and named["called"] == "sip:500@parley"  # no numbers
+    assert whole["caller"] == "sip:+15551234567@trunk.example.com"
+
+
+def test_what_the_caller_heard_is_kept_out_of_the_logs_like_what_they_said(lines) -> None:  # type: ignore[no-untyped-def]
+    out, _ = lines
+    event(log, "agent_resumed", call_id="c-1", heard="your card ends in 1234")
+    assert "heard" not in parsed(out)[0]

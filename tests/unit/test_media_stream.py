@@ -8,6 +8,7 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
@@ -290,7 +291,7 @@ async def test_the_caller_hears_the_greeting_as_media_each_chunk_followed_by_a_m
     try:
         call = await wait_for_call(client)
         assert call.transport == "twilio" and call.caller == "+15550001111" and call.called == "+1555"
-        assert call.context == {"caller": "+15550001111", "called": "+1555", "team": "x"}
+        assert call.context == {}  # the default agent declares no caller_variables: none is set
 
         def sent() -> bytes:
             return b"".join(base64.b64decode(m["media"]["payload"]) for m in carrier.events("media"))
@@ -459,8 +460,10 @@ async def refused(c: TestClient, **start: Any) -> str:  # type: ignore[type-arg]
     return carrier.close_reason
 
 
-async def test_a_stream_must_present_the_token_its_webhook_minted() -> None:
-    c = await client_for(settings(stream_secret="s3cret"))
+async def test_a_stream_must_present_the_token_its_webhook_minted(tmp_path: Path) -> None:
+    agent = tmp_path / "desk.toml"
+    agent.write_text('system_prompt = "Desk."\ncaller_variables = ["team"]\nsip_users = ["*"]\n')
+    c = await client_for(settings(stream_secret="s3cret", agent=(str(agent),)))
     try:
         params = await webhook_parameters(c, "twilio", "CA9")
         assert params[TOKEN_PARAMETER] and params["team"] == "sales"

@@ -111,7 +111,7 @@ async def test_a_drained_instance_is_not_ready_and_lets_live_calls_finish() -> N
     try:
         registry = client.app[REGISTRY]
         live, _ = await open_call(client.app[RUNTIME], "sip", 8000, connect)
-        drained = await client.post("/api/drain")
+        drained = await client.post("/api/drain", json={})
         assert drained.status == 200 and (await drained.json())["calls"] == 1
         ready = await client.get("/readyz")
         assert ready.status == 503 and (await ready.json())["reason"] == "draining"

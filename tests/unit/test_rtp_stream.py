@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from parley.audio import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from parley.transports.sip.latching import PeerSources
 from parley.transports.sip.media import RtpStream
 from parley.transports.sip.rtp import RtpPacket
 from parley.transports.sip.sdp import Negotiated
@@ -79,17 +80,27 @@ async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
         await asyncio.sleep(0.005)
 
 
-async def open_stream(ear: Ear, clock: Callable[[], float] | None = None) -> RtpStream:
-    extra = {} if clock is None else {"clock": clock}
+async def open_stream(
+    ear: Ear, clock: Callable[[], float] | None = None, sources: PeerSources | None = None
+) -> RtpStream:
+    extra: dict[str, Any] = {} if clock is None else {"clock": clock}
+    if sources is not None:
+        extra["sources"] = sources
     return await RtpStream.open(HOST, PORTS, on_audio=ear.audio.append, on_dtmf=ear.digits.append, **extra)
+
+
+def connect(stream: RtpStream, negotiated: Negotiated) -> None:
+    """Configure a stream as a confirmed dialog does: the SDP's address may be sent to at once."""
+    stream.configure(negotiated)
+    stream.trust_sdp_address()
 
 
 @pytest.fixture
 async def pair() -> AsyncIterator[tuple[RtpStream, Ear, RtpStream, Ear]]:
     caller_ear, agent_ear = Ear(), Ear()
     caller, agent = await open_stream(caller_ear), await open_stream(agent_ear)
-    caller.configure(toward(agent.local_port))
-    agent.configure(toward(caller.local_port))
+    connect(caller, toward(agent.local_port))
+    connect(agent, toward(caller.local_port))
     yield caller, caller_ear, agent, agent_ear
     caller.close()
     agent.close()
@@ -146,10 +157,11 @@ async def test_the_stream_latches_to_its_peer_and_ignores_a_third_sender(
 async def test_replies_go_where_the_peer_sends_from_not_where_its_sdp_said() -> None:
     # Comedia / RFC 4961: a peer behind NAT advertises an address it cannot be reached on.
     ear = Ear()
-    agent = await open_stream(ear)
+    agent = await open_stream(ear, sources=PeerSources(signalling=HOST))
     peer = await raw_peer()
     try:
         agent.configure(toward(9, address="127.0.0.2"))
+        agent.send_frame(TONE)  # nothing goes to an SDP address before the dialog is confirmed
         peer.send(RtpPacket(0, 1, 160, 42, payload=ulaw_encode(TONE)), agent.local_port)
         await until(lambda: len(ear.audio) == 1)
         agent.send_frame(TONE)
@@ -197,7 +209,7 @@ async def test_timestamps_run_on_through_a_pause_and_the_next_talkspurt_is_marke
     agent = await open_stream(Ear(), clock)
     peer = await raw_peer()
     try:
-        agent.configure(toward(peer.port))
+        connect(agent, toward(peer.port))
         for _ in range(3):
             agent.send_frame(TONE)
             clock.now += 0.02
@@ -219,7 +231,7 @@ async def test_nothing_is_sent_on_hold_and_resuming_starts_a_talkspurt() -> None
     peer = await raw_peer()
     try:
         agent.send_frame(TONE)  # no SDP yet
-        agent.configure(toward(peer.port, direction="recvonly"))  # the peer put us on hold
+        connect(agent, toward(peer.port, direction="recvonly"))  # the peer put us on hold
         agent.send_frame(TONE)
         agent.configure(toward(peer.port, address="0.0.0.0"))  # the old way of holding
         agent.send_frame(TONE)
@@ -256,8 +268,8 @@ async def test_digits_go_through_the_full_path_in_order() -> None:
     caller_ear, agent_ear = Ear(), Ear()
     caller, agent = await open_stream(caller_ear), await open_stream(agent_ear)
     try:
-        caller.configure(toward(agent.local_port))
-        agent.configure(toward(caller.local_port))
+        connect(caller, toward(agent.local_port))
+        connect(agent, toward(caller.local_port))
         for digit in "1#1":
             assert caller.send_dtmf(digit)
         for _ in range(40):
@@ -313,8 +325,8 @@ async def test_audio_flows_over_ipv6() -> None:
         "::1", PORTS, on_audio=agent_ear.audio.append, on_dtmf=agent_ear.digits.append
     )
     try:
-        caller.configure(toward(agent.local_port, address="::1"))
-        agent.configure(toward(caller.local_port, address="::1"))
+        connect(caller, toward(agent.local_port, address="::1"))
+        connect(agent, toward(caller.local_port, address="::1"))
         caller.send_frame(TONE)
         agent.send_frame(TONE)
         await until(lambda: len(agent_ear.audio) == 1 and len(caller_ear.audio) == 1)

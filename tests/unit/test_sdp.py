@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from parley.transports.sip.sdes import Crypto, CryptoError, SrtpKeys
 from parley.transports.sip.sdp import (
     MAX_SDP_BYTES,
     Negotiated,
@@ -272,3 +275,161 @@ def test_garbled_lines_raise_only_sdp_error(lines: list[tuple[str, str]]) -> Non
         return
     with contextlib.suppress(SdpError):
         answer(session, address="192.0.2.10", port=40000, session_id=1, session_version=1)
+
+
+# Issue 42 item 2: the RTP destination is an IP literal, never a name resolved on the event loop.
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("IN IP4 media.example.com", "not an IP address"),
+        ("IN IP4 bücher.example", "not an IP address"),
+        ("IN IP4 010.0.0.1", "not an IP address"),
+        ("IN IP4 2001:db8::1", "not an IP4 address"),
+        ("IN IP6 10.0.0.1", "not an IP6 address"),
+        ("IN IP4 224.2.1.1/127", "multicast"),
+        ("IN IP6 fe80::1%eth0", "interface"),
+    ],
+)
+def test_a_connection_address_must_be_a_unicast_ip_literal(address: str, reason: str) -> None:
+    with pytest.raises(SdpError, match=reason):
+        parse_sdp(SIPP_PCAP_OFFER.replace("c=IN IP4 10.0.0.5", f"c={address}"))
+
+
+def test_a_media_level_name_is_refused_as_well_as_a_session_level_one() -> None:
+    with pytest.raises(SdpError, match="not an IP address"):
+        parse_sdp(SIPP_PCAP_OFFER + "c=IN IP4 rtp.example.net\r\n")
+
+
+def test_an_ipv6_address_is_kept_in_its_canonical_form() -> None:
+    offer_text = SIPP_PCAP_OFFER.replace("IN IP4 10.0.0.5", "IN IP6 2001:DB8:0:0::5")
+    assert answer_to(offer_text)[1].remote_address == "2001:db8::5"
+
+
+# Item 7: SDES-SRTP (RFC 4568) in the offer and answer.
+
+THEIR_KEY = bytes(range(30))
+OUR_KEY = bytes(range(100, 130))
+SAVP_OFFER = SIPP_PCAP_OFFER.replace("RTP/AVP", "RTP/SAVP") + (
+    "a=crypto:1 AES_256_CM_HMAC_SHA1_80 inline:" + base64.b64encode(bytes(46)).decode() + "\r\n"
+    "a=crypto:2 AES_CM_128_HMAC_SHA1_80 inline:" + base64.b64encode(THEIR_KEY).decode() + "|2^31|1:4\r\n"
+    "a=crypto:3 AES_CM_128_HMAC_SHA1_80 inline:"
+    + base64.b64encode(THEIR_KEY).decode()
+    + " UNENCRYPTED_SRTP\r\n"
+    "a=crypto:4 AES_CM_128_HMAC_SHA1_32 inline:" + base64.b64encode(THEIR_KEY).decode() + "|2^31\r\n"
+)
+AVP_AND_SAVP = SAVP_OFFER + "m=audio 6010 RTP/AVP 0\r\n"
+
+
+def savp_answer(text: str, *, key: bytes | None = OUR_KEY, require: bool = False) -> tuple[str, Negotiated]:
+    return answer(
+        parse_sdp(text),
+        address="192.0.2.10",
+        port=40000,
+        session_id=7,
+        session_version=1,
+        srtp_key=key,
+        require_srtp=require,
+    )
+
+
+def test_an_savp_offer_is_answered_with_its_first_usable_crypto_line_and_our_own_key() -> None:
+    text, negotiated = savp_answer(SAVP_OFFER)
+    assert media_lines(text) == ["m=audio 40000 RTP/SAVP 8 101"]
+    crypto = [line for line in text.split("\r\n") if line.startswith("a=crypto")]
+    # 256-bit keys, an MKI and a session parameter are not ours: the fourth line is taken, its tag kept.
+    assert crypto == ["a=crypto:4 AES_CM_128_HMAC_SHA1_32 inline:" + base64.b64encode(OUR_KEY).decode()]
+    assert negotiated.srtp == SrtpKeys("AES_CM_128_HMAC_SHA1_32", local=OUR_KEY, remote=THEIR_KEY)
+
+
+def test_secure_media_is_preferred_to_plain_and_plain_taken_without_secure_signalling() -> None:
+    text, negotiated = savp_answer(AVP_AND_SAVP)
+    assert media_lines(text) == ["m=audio 40000 RTP/SAVP 8 101", "m=audio 0 RTP/AVP 0"]
+    assert negotiated.srtp is not None
+    text, negotiated = savp_answer(AVP_AND_SAVP, key=None)  # the INVITE came over UDP or TCP
+    assert media_lines(text) == ["m=audio 0 RTP/SAVP 8 101", "m=audio 40000 RTP/AVP 0"]
+    assert negotiated.srtp is None and "crypto" not in text
+
+
+def test_keys_offered_over_insecure_signalling_are_refused() -> None:
+    with pytest.raises(SdpError, match="only over TLS"):
+        savp_answer(SAVP_OFFER, key=None)
+
+
+def test_required_encryption_refuses_a_plain_offer_and_keys_without_tls() -> None:
+    with pytest.raises(SdpError, match="encrypted media is required"):
+        savp_answer(SIPP_PCAP_OFFER, require=True)
+    with pytest.raises(SdpError, match="only over TLS"):
+        savp_answer(AVP_AND_SAVP, key=None, require=True)
+    assert savp_answer(AVP_AND_SAVP, require=True)[1].srtp is not None
+
+
+def test_our_savp_offer_and_a_peers_answer_agree_on_crossed_keys() -> None:
+    ours = offer(address="192.0.2.10", port=40000, session_id=3, session_version=1, srtp_key=OUR_KEY)
+    assert media_lines(ours) == ["m=audio 40000 RTP/SAVP 0 8 101"]
+    assert (
+        "a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:" in ours and "a=crypto:2 AES_CM_128_HMAC_SHA1_32" in ours
+    )
+    peer_answer, theirs = answer(
+        parse_sdp(ours),
+        address="198.51.100.7",
+        port=7078,
+        session_id=9,
+        session_version=1,
+        srtp_key=THEIR_KEY,
+    )
+    negotiated = negotiated_from_answer(ours, parse_sdp(peer_answer))
+    assert negotiated.srtp == SrtpKeys("AES_CM_128_HMAC_SHA1_80", local=OUR_KEY, remote=THEIR_KEY)
+    assert theirs.srtp == SrtpKeys("AES_CM_128_HMAC_SHA1_80", local=THEIR_KEY, remote=OUR_KEY)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda a: a.replace("RTP/SAVP", "RTP/AVP"), "does not match"),
+        (lambda a: a.replace("a=crypto:1 ", "a=crypto:9 "), "not one we offered"),
+        (
+            lambda a: a.replace("a=crypto:1 AES_CM_128_HMAC_SHA1_80", "a=crypto:1 AES_CM_128_HMAC_SHA1_32"),
+            "not one",
+        ),
+        (lambda a: "\r\n".join(line for line in a.split("\r\n") if "crypto" not in line), "exactly one"),
+    ],
+)
+def test_an_answer_that_does_not_key_our_offer_is_an_error(change: Callable[[str], str], reason: str) -> None:
+    ours = offer(address="192.0.2.10", port=40000, session_id=3, session_version=1, srtp_key=OUR_KEY)
+    peer_answer, _ = answer(
+        parse_sdp(ours),
+        address="198.51.100.7",
+        port=7078,
+        session_id=9,
+        session_version=1,
+        srtp_key=THEIR_KEY,
+    )
+    with pytest.raises(SdpError, match=reason):
+        negotiated_from_answer(ours, parse_sdp(change(peer_answer)))
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("1 AES_CM_128_HMAC_SHA1_80", "needs"),
+        ("x AES_CM_128_HMAC_SHA1_80 inline:AAAA", "tag"),
+        ("1 F8_128_HMAC_SHA1_80 inline:AAAA", "suite"),
+        ("1 AES_CM_128_HMAC_SHA1_80 uri:https://example.com/key", "inline"),
+        ("1 AES_CM_128_HMAC_SHA1_80 inline:%%%%", "base64"),
+        ("1 AES_CM_128_HMAC_SHA1_80 inline:AAAA", "bytes"),
+        ("1 AES_CM_128_HMAC_SHA1_80 inline:" + base64.b64encode(THEIR_KEY).decode() + "|2^20|1:4", "MKI"),
+        ("1 AES_CM_128_HMAC_SHA1_80 inline:" + base64.b64encode(THEIR_KEY).decode() + ";inline:AAAA", "MKI"),
+        ("1 AES_CM_128_HMAC_SHA1_80 inline:" + base64.b64encode(THEIR_KEY).decode() + " KDR=1", "session"),
+    ],
+)
+def test_crypto_lines_we_cannot_use_are_refused_with_a_reason(value: str, reason: str) -> None:
+    with pytest.raises(CryptoError, match=reason):
+        Crypto.parse(value)
+
+
+def test_a_crypto_line_round_trips() -> None:
+    line = Crypto(5, "AES_CM_128_HMAC_SHA1_80", THEIR_KEY)
+    assert Crypto.parse(str(line)) == line
+    assert base64.b64encode(THEIR_KEY).decode() not in repr(line)

@@ -633,21 +633,34 @@ def test_fixing_the_top_via_keeps_the_other_values_of_its_header() -> None:
     [
         ("SIP/2.0/UDP a.example;branch=z9hG4bK1;received=192.0.2.7;rport=4000", "UDP", ("192.0.2.7", 4000)),
         ("SIP/2.0/UDP a.example:5070;branch=z9hG4bK1;received=192.0.2.7", "UDP", ("192.0.2.7", 5070)),
-        ("SIP/2.0/UDP a.example;branch=z9hG4bK1", "UDP", ("a.example", 5060)),
+        ("SIP/2.0/UDP 192.0.2.8;branch=z9hG4bK1", "UDP", ("192.0.2.8", 5060)),
+        # maddr is never followed: it would let a request aim our responses at anyone.
         ("SIP/2.0/UDP a.example:5080;branch=z9hG4bK1;maddr=239.255.255.1;received=192.0.2.7", "UDP",
-         ("239.255.255.1", 5080)),
+         ("192.0.2.7", 5080)),
         ("SIP/2.0/TCP a.example:5080;branch=z9hG4bK1;received=192.0.2.7;rport=4000", "TCP",
          ("192.0.2.7", 5080)),
-        ("SIP/2.0/TLS a.example;branch=z9hG4bK1", "TLS", ("a.example", 5061)),
-        ("SIP/2.0/UDP [2001:db8::1];branch=z9hG4bK1;rport=4000", "UDP", ("2001:db8::1", 5060)),
+        ("SIP/2.0/TLS 192.0.2.9;branch=z9hG4bK1", "TLS", ("192.0.2.9", 5061)),
+        ("SIP/2.0/UDP [2001:db8::1];branch=z9hG4bK1;rport=4000", "UDP", ("2001:db8::1", 4000)),
         ("SIP/2.0/UDP [2001:db8::1];branch=z9hG4bK1;received=2001:db8::2;rport=4000", "UDP",
          ("2001:db8::2", 4000)),
     ],
 )  # fmt: skip
-def test_response_destination_follows_received_rport_then_sent_by(
+def test_response_destination_is_the_received_address_then_sent_by(
     via: str, transport: str, destination: tuple[str, int]
 ) -> None:
     assert response_destination(Via.parse(via), transport) == destination
+
+
+@pytest.mark.parametrize(
+    "via",
+    [
+        "SIP/2.0/UDP a.example;branch=z9hG4bK1",
+        "SIP/2.0/TLS a.example;branch=z9hG4bK1;maddr=192.0.2.7",
+        "SIP/2.0/UDP a.example;branch=z9hG4bK1;received=b.example",
+    ],
+)
+def test_response_destination_is_never_a_name(via: str) -> None:
+    assert response_destination(Via.parse(via), "UDP") is None
 
 
 # --- stream framing ---------------------------------------------------------------------------------------

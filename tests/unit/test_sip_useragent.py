@@ -668,7 +668,7 @@ async def _dial(agent: Agent, wire: SipWire) -> str:
 
 
 async def test_an_outbound_call_invites_the_peer_and_is_active_once_answered(start) -> None:  # type: ignore[no-untyped-def]
-    agent = await start()
+    agent = await start(dial_trunks=(LOCAL,))
     wire, rtp = await agent.wire(), await agent.rtp()
     call_id = await _dial(agent, wire)
     invite = await wire.request("INVITE")
@@ -714,7 +714,7 @@ async def test_an_outbound_call_invites_the_peer_and_is_active_once_answered(sta
 
 
 async def test_an_outbound_call_answered_486_ends_busy(start) -> None:  # type: ignore[no-untyped-def]
-    agent = await start()
+    agent = await start(dial_trunks=(LOCAL,))
     wire = await agent.wire()
     call_id = await _dial(agent, wire)
     invite = await wire.request("INVITE")

@@ -6,6 +6,7 @@ greeting = "Acme orders, how can I help?"
 hold_phrase = "One moment while I look that up."   # said once when a tool runs longer than hold_after_ms
 hold_after_ms = 700
 yield_phrase = "Sure, go ahead."                    # said for "wait" or "hold on", not a reply ("": off)
+caller_variables = ["order_id", "language"]         # what a call's context may set (others dropped)
 sip_headers = ["X-Customer-Id"]                     # SIP headers whose values become variables
 sip_users = ["+15551234567", "500"]                 # request-URI users that reach this agent ("*": any)
 
@@ -23,6 +24,12 @@ transfer = ["sip:desk@pbx.example.com", "+15551234567"]
 send_dtmf = true
 ```
 
+A call's context (the offer's `context`, a carrier's custom parameters, the `sip_headers`, which become
+`x_customer_id` and so on) sets only the variables the file declares: `caller_variables` and the
+headers' names. A call token's `context` sets its keys whatever the file declares, and a caller cannot
+change them. What does not come from the service itself reaches the model as data, never as
+instructions (agent/variables.py).
+
 A file that cannot be used fails at start-up with a message naming the file and the line.
 """
 
@@ -38,7 +45,8 @@ from typing import Any
 
 import jsonschema
 
-from parley.agent.templates import placeholders
+from parley.agent.templates import is_plain_name, placeholders
+from parley.agent.variables import SERVICE_NAMES
 from parley.config import SettingsError
 
 DEFAULT_HOLD_AFTER_MS = 700
@@ -61,6 +69,7 @@ _TOP_KEYS = {
     "hold_after_ms",
     "yield_phrase",
     "sip_headers",
+    "caller_variables",
     "tools",
     "builtins",
 }
@@ -115,9 +124,19 @@ class Agent:
     builtins: Builtins = Builtins()
     sip_headers: tuple[str, ...] = ()
     sip_users: tuple[str, ...] = ()  # request-URI users (numbers, extensions; "*": any) that reach it
+    caller_variables: tuple[str, ...] = ()  # the variables a call's context may set
 
     def tool(self, name: str) -> ToolSpec | None:
         return next((t for t in self.tools if t.name == name), None)
+
+    def caller_may_set(self, name: str) -> bool:
+        """Whether a caller's context may set this variable: declared, or one of the SIP headers'."""
+        return name in self.caller_variables or name in map(header_variable, self.sip_headers)
+
+
+def header_variable(header: str) -> str:
+    """The variable a SIP header's value becomes: X-Customer-Id -> x_customer_id."""
+    return header.lower().replace("-", "_")
 
 
 def parse_agent_arg(value: str) -> tuple[str | None, str]:
@@ -184,6 +203,15 @@ class _Reader:
             raise self.fail(
                 'sip_users must be a list of request-URI users ("+15551234567", "500", "*")', "sip_users"
             )
+        declared = data.get("caller_variables", [])
+        if not isinstance(declared, list) or not all(
+            isinstance(v, str) and is_plain_name(v) and v not in SERVICE_NAMES for v in declared
+        ):
+            raise self.fail(
+                "caller_variables must be a list of plain names (letters, digits, _), none of "
+                + ", ".join(sorted(SERVICE_NAMES)),
+                "caller_variables",
+            )
         raw_tools = data.get("tools", [])
         if not isinstance(raw_tools, list):
             raise self.fail("tools must be an array of tables ([[tools]])", "tools")
@@ -206,6 +234,7 @@ class _Reader:
             builtins=builtins,
             sip_headers=tuple(headers),
             sip_users=tuple(users),
+            caller_variables=tuple(declared),
         )
 
     def _string(self, data: Mapping[str, Any], key: str, default: str) -> str:

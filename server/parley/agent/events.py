@@ -24,6 +24,7 @@ from parley import metrics
 from parley.agent.signing import HEADER, sign
 from parley.call import Call
 from parley.log import event
+from parley.records.redaction import record_without_text, without_text
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +137,23 @@ class EventOutbox:
 class CallEvents:
     """The registry's observer that turns calls starting and ending into `call.started` and
     `call.ended` (whose data is the call's record: the transcript as heard, the outcome, the tool calls,
-    the latencies). Tools and transfers publish through `Call.publish`."""
+    the latencies). Tools and transfers publish through `Call.publish`. With `--record-transcripts off`
+    no event carries what was said, tool arguments or results, or variables (records/redaction.py)."""
 
     def __init__(self, outbox: EventOutbox) -> None:
         self.outbox = outbox
 
     def call_added(self, call: Call) -> None:
-        call.publish = lambda kind, data: self.outbox.publish(call.call_id, kind, data)
-        self.outbox.publish(call.call_id, "call.started", call.summary())
+        keep = call.settings.record_transcripts
+
+        def publish(kind: str, data: dict[str, Any]) -> None:
+            self.outbox.publish(call.call_id, kind, data if keep else without_text(data))
+
+        call.publish = publish
+        summary = call.summary()
+        self.outbox.publish(call.call_id, "call.started", summary if keep else record_without_text(summary))
 
     def call_ended(self, call: Call) -> None:
-        self.outbox.publish(call.call_id, "call.ended", call.record())
+        record = call.record()
+        keep = call.settings.record_transcripts
+        self.outbox.publish(call.call_id, "call.ended", record if keep else record_without_text(record))

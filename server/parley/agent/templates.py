@@ -8,7 +8,7 @@ no attribute or index access (`{a.b}` and `{a[0]}` are not placeholders). Unknow
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -22,13 +22,19 @@ class ContextError(ValueError):
 
 
 def render(template: str, variables: Mapping[str, str]) -> str:
+    return render_with(template, lambda name: variables.get(name, ""))
+
+
+def render_with(template: str, value: Callable[[str], str]) -> str:
+    """The template with each placeholder replaced by `value(name)`."""
+
     def replace(match: re.Match[str]) -> str:
         token = match.group(0)
         if token == "{{":
             return "{"
         if token == "}}":
             return "}"
-        return variables.get(match.group(1), "")
+        return value(match.group(1))
 
     return _TOKEN.sub(replace, template)
 
@@ -36,6 +42,11 @@ def render(template: str, variables: Mapping[str, str]) -> str:
 def placeholders(template: str) -> set[str]:
     """The variable names a template uses."""
     return {m.group(1) for m in _TOKEN.finditer(template) if m.group(1)}
+
+
+def is_plain_name(name: str) -> bool:
+    """A variable's name: letters, digits and '_', not starting with a digit."""
+    return bool(_KEY.fullmatch(name))
 
 
 def checked_context(raw: object) -> dict[str, str]:
@@ -49,7 +60,7 @@ def checked_context(raw: object) -> dict[str, str]:
         raise ContextError(f'"context" has more than {MAX_CONTEXT_KEYS} keys')
     context: dict[str, str] = {}
     for key, value in raw.items():
-        if not isinstance(key, str) or not _KEY.fullmatch(key):
+        if not isinstance(key, str) or not is_plain_name(key):
             raise ContextError(f"context key {str(key)[:40]!r} is not a plain name (letters, digits, _)")
         if not isinstance(value, str):
             raise ContextError(f"context value of {key!r} must be a string")

@@ -2,8 +2,10 @@
 
 Tools run on their own worker threads, never on a call's LLM thread: a barge-in stops the spoken reply
 at once while a tool call already made finishes and its result is kept. Arguments are validated against
-the tool's JSON Schema first. Whatever goes wrong (invalid arguments, a timeout, a non-2xx, a crash)
-becomes an error result the model reads; it never ends the call.
+the tool's JSON Schema first. A webhook gets the call's variables and, beside them, each one's source
+(`variable_sources`: service, token or caller; agent/variables.py); a Python function gets them too when
+it declares the keyword-only parameters `variables` and `variable_sources`. Whatever goes wrong (invalid
+arguments, a timeout, a non-2xx, a crash) becomes an error result the model reads; it never ends the call.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import jsonschema
 
 from parley.agent.agentfile import ToolSpec
 from parley.agent.signing import HEADER, sign
+from parley.agent.variables import sources_of
 from parley.engines.toolcalls import ToolCall
 from parley.log import event
 
@@ -112,7 +115,7 @@ class ToolRunner:
             if spec.url:
                 result = self._webhook(spec, call, arguments, call_id, variables)
             else:
-                result = self._python(spec, arguments)
+                result = self._python(spec, arguments, variables)
         except TimeoutError:
             return error_result(call, f"the tool did not answer within {spec.timeout_ms} ms", started)
         except ToolFailed as exc:
@@ -141,6 +144,7 @@ class ToolRunner:
                 "name": spec.name,
                 "arguments": arguments,
                 "variables": dict(variables),
+                "variable_sources": sources_of(variables),
             }
         ).encode()
         headers = {"Content-Type": "application/json", "User-Agent": "parley"}
@@ -162,10 +166,17 @@ class ToolRunner:
         except ValueError:
             raise ToolFailed("the tool's answer is not JSON") from None
 
-    def _python(self, spec: ToolSpec, arguments: dict[str, Any]) -> Any:
+    def _python(self, spec: ToolSpec, arguments: dict[str, Any], variables: Mapping[str, str]) -> Any:
         function = spec.function
         if function is None:
             raise ToolFailed("the tool's function is missing")
+        wanted = _call_parameters(function)
+        # The model's arguments never stand in for what the service passes.
+        arguments = {name: value for name, value in arguments.items() if name not in wanted}
+        if "variables" in wanted:
+            arguments["variables"] = dict(variables)
+        if "variable_sources" in wanted:
+            arguments["variable_sources"] = sources_of(variables)
         if inspect.iscoroutinefunction(function):
             return asyncio.run(asyncio.wait_for(function(**arguments), spec.timeout_ms / 1000))
         # A plain function cannot be stopped: it runs on in its worker, and the model hears of the timeout.
@@ -179,6 +190,20 @@ class ToolRunner:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _call_parameters(function: Callable[..., Any]) -> set[str]:
+    """Which of the call's own values (`variables`, `variable_sources`) a function asks for, by
+    declaring them keyword-only."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {
+        p.name
+        for p in parameters
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name in ("variables", "variable_sources")
+    }
 
 
 class ToolFailed(Exception):

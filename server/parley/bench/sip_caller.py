@@ -96,6 +96,7 @@ class SipCaller(Ears):
         self.dialog = Dialog.as_uac(invite, response, f"<sip:caller@{here}>", here, peer)
         self.endpoint.send(self.dialog.ack(1), self.dialog.next_hop())
         self.rtp.configure(negotiated_from_answer(sdp, parse_sdp(response.body.decode())))
+        self.rtp.trust_sdp_address()  # we dialled the service and ACKed its answer
         rtp = self.rtp
         self._tasks.append(
             asyncio.ensure_future(send_paced(lambda: self.mic.next_frame(time.monotonic()), rtp.send_frame))

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 from parley import metrics
 from parley.agent.agentfile import Agent, ToolSpec
 from parley.agent.builtins import LineActions, builtin_tools
-from parley.agent.templates import render
 from parley.agent.tools import ToolResult, ToolRunner, error_result
+from parley.agent.variables import Variables, spoken
 from parley.engines.llm import LlmEngine
 from parley.engines.toolcalls import ToolCall
 from parley.log import event
@@ -61,7 +61,7 @@ class ReplyContext(StageContext, Protocol):
     @property
     def actions(self) -> LineActions: ...
 
-    def variables(self) -> dict[str, str]: ...
+    def variables(self) -> Variables: ...
 
     def wait_turn_ended(self, tag: Tag) -> bool:
         """Blocks while `tag` is a speculative reply whose turn is still being spoken; False when it was
@@ -116,7 +116,7 @@ class LlmStage(Stage[Transcript]):
             if yielding and self.judge.asks_to_wait(item.text, item.command_odds):
                 # "Wait." / "Hold on.": nothing to answer; the floor is the caller's (agent/agentfile.py).
                 event(log, "floor_yielded", call_id=self.ctx.call_id, turn_id=tag.turn_id)
-                reply.put(render(yielding, self.reply_ctx.variables()))
+                reply.put(spoken(yielding, self.reply_ctx.variables()))
                 return
             for round_number in range(MAX_TOOL_ROUNDS + 1):
                 messages = self.ctx.conversation.messages_for(tag.turn_id, stable_prefix=stable)
@@ -210,7 +210,7 @@ class LlmStage(Stage[Transcript]):
                 return held
             if not held and agent.hold_phrase and time.monotonic() >= hold_at:
                 held = True
-                self.speak(response, render(agent.hold_phrase, self.reply_ctx.variables()))
+                self.speak(response, spoken(agent.hold_phrase, self.reply_ctx.variables()))
             concurrent.futures.wait([future], timeout=WAIT_SLICE_S)
         return held
 

@@ -9,7 +9,9 @@ it); transactions are explicit.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,18 +39,26 @@ class Database(Protocol):
 
 
 WAL_SWITCH_WAIT_S = 10.0
+PRIVATE_FILE = 0o600
+PRIVATE_FOLDER = 0o700
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
 class SqliteDatabase:
     """One SQLite connection. WAL lets the API read while the writer writes; with synchronous=NORMAL a
-    committed event survives the process crashing (only a power loss can take the last ones)."""
+    committed event survives the process crashing (only a power loss can take the last ones).
+
+    The file holds what callers said: it is created readable by its owner only (0600; SQLite gives its
+    -wal and -shm files the database's mode), in a folder of the owner's own (0700) when this creates it,
+    and a file left readable by others (by an older parley) is made private at open."""
 
     kind = "sqlite"
 
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _private_folder(path.parent)
+            _private_file(path)
             self._conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10)
             self._wal()
             self._conn.execute("PRAGMA synchronous=NORMAL")
@@ -100,6 +110,21 @@ class SqliteDatabase:
         self._conn.close()
 
 
+def _private_folder(folder: Path) -> None:
+    if not folder.exists():
+        folder.mkdir(parents=True, mode=PRIVATE_FOLDER)
+        os.chmod(folder, PRIVATE_FOLDER)  # mkdir's mode passes through the umask
+
+
+def _private_file(path: Path) -> None:
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
+    for file in (path, *(path.with_name(path.name + suffix) for suffix in SQLITE_SIDE_FILES)):
+        with contextlib.suppress(FileNotFoundError):
+            mode = stat.S_IMODE(file.stat().st_mode)
+            if mode & 0o077:
+                os.chmod(file, mode & 0o700)
+
+
 MIGRATION_LOCK = 7_041_995  # pg_advisory_xact_lock key: instances of a fleet migrate one at a time
 
 
@@ -146,8 +171,11 @@ def _postgres(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
 def connect(database: str, data_dir: Path) -> Database:
     """`database` as the setting gives it: '' (SQLite in `data_dir`) or a postgresql:// URL."""
-    if database.startswith(("postgresql://", "postgres://")):
+    if database.startswith(POSTGRES_SCHEMES):
         return PostgresDatabase(database)
     return SqliteDatabase(data_dir / "calls.sqlite3")

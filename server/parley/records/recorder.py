@@ -27,7 +27,8 @@ from parley.records.store import CallInfo, RecordStore
 log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 10_000  # events; at ~10 events per turn, minutes of every call's events
-PURGE_EVERY_S = 3600.0
+PURGE_EVERY_S = 3600.0  # records past --retention-days go at start, then this often
+IDLE_WAKE_S = 60.0  # the writer wakes this often without writes, to purge on time
 RECONNECT_AFTER_S = 1.0
 STOP_TIMEOUT_S = 10.0
 
@@ -154,7 +155,7 @@ class CallRecords:
     def _run(self) -> None:
         while True:
             try:
-                write = self._queue.get(timeout=60.0)
+                write = self._queue.get(timeout=IDLE_WAKE_S)
             except queue.Empty:
                 self._purge_if_due()
                 continue

@@ -71,6 +71,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        2,
+        "call tokens spent by any instance (records/used_tokens.py)",
+        (
+            """CREATE TABLE used_call_tokens (
+                token_id TEXT PRIMARY KEY,
+                expires_at DOUBLE PRECISION NOT NULL
+            )""",
+            "CREATE INDEX used_call_tokens_by_expiry ON used_call_tokens (expires_at)",
+        ),
+    ),
 )
 
 

@@ -4,7 +4,8 @@ Three tables (schema.py): `calls` (one row a call), `turns` (one row a turn: the
 transcript, the reply as heard, its latencies) and `call_events` (what happened, in order: every
 transcript revision, replies, barge-ins, keypad digits, latencies). Each event is one transaction, so a
 crash loses at most the event being written. Without transcripts (`--record-transcripts off`) no text,
-digit or caller-supplied variable is stored: only what happened and when.
+digit, tool argument or result, or caller-supplied variable is stored, and the parties' numbers are
+masked (records/redaction.py): only what happened and when.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parley.records.database import Database
+from parley.records.redaction import masked_party, without_text
 
 # Events kept in call_events. `state` changes and `agent_text` pieces are not: the turn row keeps the
 # reply's words as they are spoken, and `agent_done` gives what was heard.
 NOT_KEPT = frozenset({"state", "agent_text", "call"})
-TEXT_FIELDS = ("text", "digit", "digits")
 MAX_PAGE = 200
 
 
@@ -50,7 +51,7 @@ class RecordStore:
         kind = str(payload.get("type", ""))
         with self.db.transaction():
             if kind not in NOT_KEPT:
-                data = payload if self.keep_text else _without_text(payload)
+                data = payload if self.keep_text else without_text(payload)
                 self.db.execute(
                     "INSERT INTO call_events (call_id, seq, at, type, data) VALUES (?, ?, ?, ?, ?)",
                     (call_id, seq, at, kind, json.dumps(data, default=str)),
@@ -79,7 +80,15 @@ class RecordStore:
                 "UPDATE calls SET ended_at = ?, outcome = ?, caller = ?, called = ?, last_event_at = ?, "
                 "turns = (SELECT COUNT(*) FROM turns WHERE call_id = ? AND turn_id <> 'greeting') "
                 "WHERE call_id = ?",
-                (at, outcome, info.caller, info.called, at, info.call_id, info.call_id),
+                (
+                    at,
+                    outcome,
+                    self._party(info.caller),
+                    self._party(info.called),
+                    at,
+                    info.call_id,
+                    info.call_id,
+                ),
             )
 
     def close_lost(self) -> int:
@@ -115,8 +124,8 @@ class RecordStore:
             (
                 info.call_id,
                 info.transport,
-                info.caller,
-                info.called,
+                self._party(info.caller),
+                self._party(info.called),
                 context,
                 self.instance,
                 info.started_at,
@@ -126,6 +135,9 @@ class RecordStore:
 
     def _text(self, text: str) -> str | None:
         return text if self.keep_text else None
+
+    def _party(self, party: str) -> str:
+        return party if self.keep_text else masked_party(party)
 
     def _user_said(self, call_id: str, turn_id: str, seq: int, at: float, payload: dict[str, Any]) -> None:
         # A newer revision replaces the transcript and clears the reply to the old one; an older never wins.
@@ -290,10 +302,6 @@ def _turn(row: tuple[Any, ...], events: list[tuple[float, str, dict[str, Any]]])
         "tts_first_audio_s": tts_s,
         "revisions": revisions,
     }
-
-
-def _without_text(payload: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in payload.items() if key not in TEXT_FIELDS}
 
 
 def encode_cursor(started: float, call_id: str) -> str:

@@ -26,6 +26,7 @@ from parley.agent.agentfile import Agent
 from parley.audio import FRAME_MS
 from parley.call import Call
 from parley.log import CALL_ID, event
+from parley.ratelimit import Source
 from parley.runtime import CallRefused, Runtime
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ async def open_call(
     *,
     agent: Agent | None = None,
     greet: bool = True,
+    source: Source | None = None,
 ) -> tuple[Call, T]:
     """Admit, build and start a call on a transport; the one way every transport opens a call.
 
@@ -121,10 +123,12 @@ async def open_call(
     call holds a line, so concurrent setups cannot overshoot --max-calls). It cleans up after itself if
     it raises, and whatever it raises propagates; a CallSetupFailed is also kept as the call's record.
     `rate` is the transport's outgoing sample rate. `greet=False` for a transport whose media connects
-    after its signaling (WebRTC): it calls `call.greet()` once it does.
-    Raises CallRefused when the models are not loaded, at capacity, or shutting down.
+    after its signaling (WebRTC): it calls `call.greet()` once it does. `source`: who set the call up,
+    whose calls are capped at --max-calls-per-source (None: not counted, e.g. an allow-listed trunk).
+    Raises CallRefused when the models are not loaded, at capacity, over the source's cap, or shutting down.
     """
-    engines = runtime.admit(kind)
+    holder = runtime.line_holder(source)
+    engines = runtime.admit(kind, holder)
     registry = runtime.registry
     call = Call(registry.new_call_id(), kind, runtime.settings, engines, rate, agent or runtime.agent(None))
 
@@ -134,7 +138,7 @@ async def open_call(
     # The tasks the transport starts while connecting inherit the call's id for their log lines.
     token = CALL_ID.set(call.call_id)
     try:
-        with registry.setting_up(call):
+        with registry.setting_up(call, holder):
             try:
                 transport = await connect(call, hang_up)
             except CallSetupFailed as exc:
@@ -150,7 +154,7 @@ async def open_call(
     call.attach(transport)
     call.line = LineControl(transport, asyncio.get_running_loop(), hang_up)
     call.tool_runner = runtime.tools
-    registry.add(call, transport.close)
+    registry.add(call, transport.close, holder)
     call.start(greet=greet)
     return call, transport
 

@@ -17,6 +17,7 @@ from aiohttp import web
 from parley import metrics
 from parley.config import Settings, SettingsError
 from parley.log import event
+from parley.ratelimit import Proxies
 from parley.runtime import CallRefused, Runtime
 from parley.transports.media_stream import (
     MAX_PARAMETER_CHARS,
@@ -52,12 +53,14 @@ def stream_tokens(settings: Settings) -> StreamTokens | None:
     return None
 
 
-def public_base(request: web.Request, settings: Settings) -> str:
-    """The service's URL as the carrier sees it (scheme and host, no trailing slash)."""
+def public_base(request: web.Request, settings: Settings, proxies: Proxies) -> str:
+    """The service's URL as the carrier sees it (scheme and host, no trailing slash): --public-url, else
+    the request's, as a trusted proxy forwarded it (anyone else's X-Forwarded-* is ignored)."""
     if settings.public_url:
         return settings.public_url.rstrip("/")
-    scheme = request.headers.get("X-Forwarded-Proto", request.scheme).split(",")[0].strip()
-    host = request.headers.get("X-Forwarded-Host", request.host).split(",")[0].strip()
+    remote = request.remote or ""
+    scheme = proxies.forwarded(remote, request.headers, "Proto") or request.scheme
+    host = proxies.forwarded(remote, request.headers, "Host") or request.host
     return f"{scheme}://{host}"
 
 
@@ -70,12 +73,14 @@ def custom_parameters(query: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in query.items() if k != TOKEN_PARAMETER}
 
 
-def voice_handler(carrier: Carrier, runtime: Runtime, tokens: StreamTokens | None) -> Handler:
+def voice_handler(
+    carrier: Carrier, runtime: Runtime, tokens: StreamTokens | None, proxies: Proxies
+) -> Handler:
     async def answer(request: web.Request) -> web.Response:
         settings = runtime.settings
         body = await request.read()
         params = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)  # form-encoded
-        base = public_base(request, settings)
+        base = public_base(request, settings, proxies)
         problem = carrier.webhook_problem(base + request.path_qs, request.headers, body, params, time.time())
         if problem is not None:
             metrics.CALLS_REFUSED_TOTAL.labels(transport=carrier.name, reason="forbidden").inc()
@@ -101,14 +106,14 @@ def voice_handler(carrier: Carrier, runtime: Runtime, tokens: StreamTokens | Non
     return answer
 
 
-def action_handler(carrier: Carrier, runtime: Runtime, handoffs: Handoffs) -> Handler:
+def action_handler(carrier: Carrier, runtime: Runtime, handoffs: Handoffs, proxies: Proxies) -> Handler:
     """The carrier asks what next once our stream has closed: `<Dial>` the destination of a transfer the
     agent made, else `<Hangup/>` (the agent or the service ended the call). Signed like the voice webhook."""
 
     async def next_step(request: web.Request) -> web.Response:
         body = await request.read()
         params = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
-        url = public_base(request, runtime.settings) + request.path_qs
+        url = public_base(request, runtime.settings, proxies) + request.path_qs
         problem = carrier.webhook_problem(url, request.headers, body, params, time.time())
         if problem is not None:
             event(log, "webhook_refused", logging.WARNING, carrier=carrier.name, reason=problem)
@@ -122,9 +127,9 @@ def action_handler(carrier: Carrier, runtime: Runtime, handoffs: Handoffs) -> Ha
     return next_step
 
 
-def add_carrier_routes(app: web.Application, runtime: Runtime) -> None:
+def add_carrier_routes(app: web.Application, runtime: Runtime, proxies: Proxies) -> None:
     """`POST /<carrier>/voice`, `GET /<carrier>/stream` and `POST /<carrier>/connect-action` for Twilio
-    and Telnyx."""
+    and Telnyx. `proxies`: whose X-Forwarded-* name the caller and the public URL."""
     settings = runtime.settings
     if settings.public_url and not settings.public_url.startswith(("https://", "http://")):
         raise SettingsError(f"public_url must start with https:// (or http://), not {settings.public_url!r}")
@@ -137,6 +142,10 @@ def add_carrier_routes(app: web.Application, runtime: Runtime) -> None:
     tokens = stream_tokens(settings)
     handoffs = Handoffs()
     for carrier in carriers:
-        app.router.add_post(f"/{carrier.name}/voice", voice_handler(carrier, runtime, tokens))
-        app.router.add_get(f"/{carrier.name}/stream", stream_handler(carrier, runtime, tokens, handoffs))
-        app.router.add_post(f"/{carrier.name}/connect-action", action_handler(carrier, runtime, handoffs))
+        app.router.add_post(f"/{carrier.name}/voice", voice_handler(carrier, runtime, tokens, proxies))
+        app.router.add_get(
+            f"/{carrier.name}/stream", stream_handler(carrier, runtime, tokens, handoffs, proxies)
+        )
+        app.router.add_post(
+            f"/{carrier.name}/connect-action", action_handler(carrier, runtime, handoffs, proxies)
+        )

@@ -74,6 +74,11 @@ class Carrier(Protocol):
     name: str  # the calls' transport and the routes' prefix
     stream_attributes: Mapping[str, str]  # extra attributes of the markup's <Stream>
 
+    @property
+    def signs_webhooks(self) -> bool:
+        """Its webhooks are checked (a credential is set): a stream token then proves the carrier."""
+        ...
+
     def webhook_problem(
         self, url: str, headers: Mapping[str, str], body: bytes, params: Sequence[tuple[str, str]], now: float
     ) -> str | None: ...

@@ -4,7 +4,8 @@ The WebSocket is accepted, then checked in order, each refusal a close with its 
 flood limit (1013, try again later), the `start` message within `--stream-start-timeout-s` (1008; a
 malformed one 1003), the stream token bound to the carrier's call id when a stream secret is set (1008),
 the agent its parameters name (1008), a free call slot (1013). Then the Call opens at 8 kHz both ways,
-its custom parameters become its variables, and the stream runs (media_stream.py) until it ends.
+the custom parameters the agent file declares become its variables, and the stream runs (media_stream.py)
+until it ends.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import time
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from parley import metrics
+from parley.agent.variables import CALLER
 from parley.call import Call
 from parley.log import event
+from parley.ratelimit import Proxies
 from parley.runtime import CallRefused, Runtime, UnknownAgent
 from parley.transports.base import Connect, HangUp, open_call
 from parley.transports.media_stream import (
@@ -42,7 +45,10 @@ def connecting(
 
     async def connect(call: Call, hang_up: HangUp) -> MediaStream:
         call.caller, call.called = start.caller, start.called
-        call.context = {k: v for k, v in start.parameters.items() if k != TOKEN_PARAMETER}
+        # The caller's word: our webhook's parameters travel through the carrier, and without a stream
+        # secret anyone may open a stream with parameters of their own (agent/variables.py).
+        chosen = (TOKEN_PARAMETER, "agent")  # what opened the stream, not what the call is about
+        call.take_context({k: v for k, v in start.parameters.items() if k not in chosen}, CALLER)
         call.outbound.confirm_by_marks()
         # Its handler ends the call when the stream ends; the stream itself only for a transfer.
         stream = MediaStream(call, ws, carrier, start, hang_up, handoffs)
@@ -86,13 +92,18 @@ async def receive_start(ws: web.WebSocketResponse, carrier: Carrier, timeout_s: 
 
 
 def stream_handler(
-    carrier: Carrier, runtime: Runtime, tokens: StreamTokens | None, handoffs: Handoffs
+    carrier: Carrier, runtime: Runtime, tokens: StreamTokens | None, handoffs: Handoffs, proxies: Proxies
 ) -> Handler:
+    # A stream whose token the carrier's signed webhook minted is the carrier's gateway, which carries
+    # many callers: it is spared the per-source cap on calls (not the set-up rate).
+    proven = tokens is not None and carrier.signs_webhooks
+
     async def serve(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, timeout=CLOSE_TIMEOUT_S)
         await ws.prepare(request)
+        source = proxies.source(request.remote or "", request.headers)
         try:
-            runtime.check_source(carrier.name, request.remote or "")
+            runtime.check_source(carrier.name, source.address, spare=source.spareable)
         except CallRefused as exc:
             await close_with(ws, WSCloseCode.TRY_AGAIN_LATER, exc.message)
             return ws
@@ -119,7 +130,12 @@ def stream_handler(
             return ws
         try:
             call, stream = await open_call(
-                runtime, carrier.name, CARRIER_RATE, connecting(ws, carrier, start, handoffs), agent=agent
+                runtime,
+                carrier.name,
+                CARRIER_RATE,
+                connecting(ws, carrier, start, handoffs),
+                agent=agent,
+                source=None if proven else source,
             )
         except CallRefused as exc:
             await close_with(ws, WSCloseCode.TRY_AGAIN_LATER, exc.message)

@@ -11,13 +11,17 @@ Its WebSocket messages follow Twilio's events with snake_case fields: `start.cal
 (PCMU or PCMA); we send `media`, `mark` and `clear` without a stream id.
 
 Webhooks carry `telnyx-signature-ed25519` (base64 Ed25519 signature of `<telnyx-timestamp>|<body>`) and
-`telnyx-timestamp` (unix seconds), checked with the account's public key.
+`telnyx-timestamp` (unix seconds), checked with the account's public key. The signature covers neither
+the URL nor its query, so a request someone captured would pass again, on any of our webhook routes,
+for as long as its timestamp is in tolerance: each signed payload is taken once (`SeenPayloads`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +41,7 @@ from parley.transports.twilio import (
 SIGNATURE_HEADER = "telnyx-signature-ed25519"
 TIMESTAMP_HEADER = "telnyx-timestamp"
 SIGNATURE_TOLERANCE_S = 300  # an older signed request is a replay
+MAX_SEEN = 100_000  # signed payloads remembered within the tolerance (Telnyx's own rate bounds them)
 _ENCODINGS = {"PCMU": MULAW, "PCMA": ALAW}
 
 
@@ -69,6 +74,28 @@ def signature_problem(
     return None
 
 
+class SeenPayloads:
+    """Signed payloads already taken, each kept until its timestamp leaves the tolerance (after that the
+    timestamp check refuses it anyway). Used on the event loop."""
+
+    def __init__(self, tolerance_s: float = SIGNATURE_TOLERANCE_S, max_seen: int = MAX_SEEN) -> None:
+        self.tolerance_s = tolerance_s
+        self.max_seen = max_seen
+        self._seen: OrderedDict[bytes, float] = OrderedDict()  # digest -> until when it could pass
+
+    def first_time(self, timestamp: str, body: bytes, now: float) -> bool:
+        """True the first time this (timestamp, body) is seen; it is remembered from then on."""
+        while self._seen and next(iter(self._seen.values())) < now:
+            self._seen.popitem(last=False)
+        digest = hashlib.sha256(timestamp.encode() + b"|" + body).digest()
+        if digest in self._seen:
+            return False
+        self._seen[digest] = int(timestamp) + self.tolerance_s
+        while len(self._seen) > self.max_seen:
+            self._seen.popitem(last=False)
+        return True
+
+
 class Telnyx:
     """Telnyx as the service sees it: webhook checks and the stream's message shapes."""
 
@@ -77,16 +104,24 @@ class Telnyx:
 
     def __init__(self, public_key: str = "") -> None:
         self.key = load_public_key(public_key) if public_key else None
+        self._seen = SeenPayloads()
+
+    @property
+    def signs_webhooks(self) -> bool:
+        return self.key is not None
 
     def webhook_problem(
         self, url: str, headers: Mapping[str, str], body: bytes, params: Sequence[tuple[str, str]], now: float
     ) -> str | None:
-        """Why this webhook request is not Telnyx's (None: it is, or no public key is configured)."""
+        """Why this webhook request is not Telnyx's, or is a replay of one (None: it is Telnyx's, first
+        seen now, or no public key is configured)."""
         if self.key is None:
             return None
-        return signature_problem(
-            self.key, headers.get(TIMESTAMP_HEADER, ""), headers.get(SIGNATURE_HEADER, ""), body, now
-        )
+        timestamp = headers.get(TIMESTAMP_HEADER, "")
+        problem = signature_problem(self.key, timestamp, headers.get(SIGNATURE_HEADER, ""), body, now)
+        if problem is None and not self._seen.first_time(timestamp, body, now):
+            return "replayed Telnyx request: this signed payload was taken already"
+        return problem
 
     def connect_markup(self, stream_url: str, parameters: Mapping[str, str], action_url: str) -> str:
         return stream_markup(stream_url, parameters, self.stream_attributes, redirect=action_url)

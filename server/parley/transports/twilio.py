@@ -138,7 +138,8 @@ def _document(root: ElementTree.Element) -> str:
 
 class StreamTokens:
     """Per-call stream tokens. The webhook mints one over the carrier's call id and the stream's custom
-    parameters (so neither can be swapped); the stream must present it at `start`, once, before expiry."""
+    parameters (so neither can be swapped); the stream must present it at `start`, once, before expiry,
+    and its `start` must name the call it was minted for."""
 
     def __init__(self, secret: bytes, ttl_s: float = STREAM_TOKEN_TTL_S) -> None:
         self._secret = secret
@@ -210,6 +211,10 @@ class Twilio:
 
     def __init__(self, auth_token: str = "") -> None:
         self.auth_token = auth_token
+
+    @property
+    def signs_webhooks(self) -> bool:
+        return bool(self.auth_token)
 
     def webhook_problem(
         self, url: str, headers: Mapping[str, str], body: bytes, params: Sequence[tuple[str, str]], now: float

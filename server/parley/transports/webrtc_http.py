@@ -8,8 +8,9 @@ import time
 from aiohttp import web
 
 from parley import metrics
-from parley.access import CallGrant
+from parley.access import CallGrant, TokenStoreUnavailable
 from parley.agent.templates import ContextError, checked_context
+from parley.agent.variables import CALLER, TOKEN
 from parley.call import Call
 from parley.http_api import (
     ACCESS,
@@ -20,6 +21,7 @@ from parley.http_api import (
     may_call,
     read_body,
     refusal,
+    request_source,
 )
 from parley.limits import BadJson, LimitExceeded, SdpLimits, check_offer_size, parse_json
 from parley.runtime import CallRefused, UnknownAgent
@@ -40,7 +42,11 @@ async def _start_webrtc_call(
     request: web.Request, offer_sdp: str, agent_name: object = None, context: object = None
 ) -> tuple[Call, str]:
     access = request.app[ACCESS]
-    grant = may_call(request, claim=True)
+    grant = may_call(request)
+    try:
+        await access.claim(grant)  # once in the fleet: AccessDenied (401) when spent already
+    except TokenStoreUnavailable as exc:
+        raise ApiError(503, str(exc), {"Retry-After": "5"}) from exc
     try:
         call, peer = await _answer_offer(request, grant, offer_sdp, agent_name, context)
     except BaseException:
@@ -75,11 +81,16 @@ async def _answer_offer(
     answer = answering(offer_sdp, parse_ice_servers(runtime.settings.ice_servers))
 
     async def connect(call: Call, hang_up: HangUp) -> WebRtcPeer:
-        call.context = variables
+        # A token's context is its signer's word; the offer's own sets only what the agent file
+        # declares, and none of the token's keys.
+        call.take_context(dict(grant.context), TOKEN)
+        call.take_context(variables, CALLER)
         return await answer(call, hang_up)
 
     try:
-        return await open_call(runtime, "webrtc", WEBRTC_RATE, connect, agent=agent, greet=False)
+        return await open_call(
+            runtime, "webrtc", WEBRTC_RATE, connect, agent=agent, greet=False, source=request_source(request)
+        )
     except CallRefused as exc:
         raise refusal(exc) from exc
     except SignalingError as exc:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from parley.transports.sip.message import SipRequest, SipResponse, new_branch
 from parley.transports.sip.transactions import Peer
-from parley.transports.sip.uri import NameAddr, SipError, SipUri, bare_host
+from parley.transports.sip.uri import NameAddr, SipError, SipUri, bare_host, default_port
 
 DialogId = tuple[str, str, str]  # Call-ID, local tag, remote tag
 
@@ -98,8 +98,9 @@ class Dialog:
             return self.fallback
         if uri.scheme == "tel" or not uri.host:
             return self.fallback
-        transport = uri.params.get("transport", self.transport).upper()
-        return Peer(transport, bare_host(uri.host), uri.port or 5060)
+        transport = "TLS" if uri.scheme == "sips" else uri.params.get("transport", self.transport).upper()
+        host = bare_host(uri.host)
+        return Peer(transport, host, uri.port or default_port(transport), name=host)
 
     def request(self, method: str, *, body: bytes = b"", content_type: str | None = None) -> SipRequest:
         """A new in-dialog request (12.2.1.1) with the next local CSeq."""

@@ -189,15 +189,22 @@ class SipLeg:
     # media
 
     def start_media(self) -> None:
-        self._spawn(send_paced(self.call.outbound.pull_frame, self.rtp.send_frame, call_id=self.call_id))
+        self._spawn(self._send_media())
         if self.rtp_timeout_s > 0:
             self._spawn(self._watch_rtp())
 
+    async def _send_media(self) -> None:
+        # The agent's first words wait until media may leave (the ACK, or the caller's RTP), rather
+        # than being pulled into a stream that sends them nowhere.
+        await self.rtp.wait_reachable()
+        await send_paced(self.call.outbound.pull_frame, self.rtp.send_frame, call_id=self.call_id)
+
     async def _watch_rtp(self) -> None:
+        # Counted while nothing may be sent too: a peer that never confirms nor sends is let go.
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             silent_s = time.monotonic() - self.rtp.last_received
-            if silent_s > self.rtp_timeout_s and self.rtp.remote is not None:
+            if silent_s > self.rtp_timeout_s and not self.rtp.on_hold:
                 metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="sip", reason="rtp_timeout").inc()
                 event(log, "rtp_timeout", logging.WARNING, call_id=self.call_id, silent_s=round(silent_s, 1))
                 self.hang_up("rtp_timeout")
@@ -217,12 +224,22 @@ class SipLeg:
     def has_pending_2xx(self) -> bool:
         return self._unacked is not None
 
-    def on_ack(self, cseq: int) -> bool:
-        """An ACK arrived; True when it acknowledged our pending 2xx."""
+    def on_ack(self, cseq: int, source: Peer) -> bool:
+        """An ACK arrived from `source`; True when it acknowledged our pending 2xx.
+
+        Only an ACK from where the INVITE came lets media go to the SDP's address: it carries the To-tag
+        our 2xx took back to that source, so that source is a real peer and not a spoofed one, and the
+        SDP is its own wish. An ACK from elsewhere (a proxy not on the route) confirms the dialog, and
+        media waits for the caller's RTP.
+        """
         if self._unacked is None or self._unacked[2] != cseq:
             return False
         self._unacked = None
         self.dialog.confirmed = True
+        if _same_source(source, self.dialog.fallback):
+            self.rtp.trust_sdp_address()
+        else:
+            event(log, "sip_ack_from_elsewhere", call_id=self.call_id, source=f"{source.host}:{source.port}")
         return True
 
     async def _retransmit_2xx(self, response: SipResponse, peer: Peer) -> None:
@@ -254,3 +271,11 @@ class SipLeg:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _same_source(source: Peer, signalling: Peer) -> bool:
+    """Whether a request came from the dialog's signalling source: the same address, and over UDP the
+    same port (a connection-oriented peer may open a new connection for it)."""
+    if source.transport != signalling.transport or source.host != signalling.host:
+        return False
+    return source.reliable or source.port == signalling.port

@@ -3,6 +3,13 @@
 Receiving puts packets back in order, decodes them to 8 kHz int16 and hands each frame on; sending
 encodes one 20 ms frame per call of `send_frame`, which the call makes from its own 20 ms clock (this
 class does not pace itself). RTCP is read and ignored, but counts as a sign of life.
+
+With SRTP negotiated (sdes.py) every packet is protected and checked with srtp.py, and one that fails
+the check is dropped before anything else looks at it.
+
+Media is taken only from the peer's latched source (latching.py) and sent back there. Before anything
+is latched it goes to the SDP's address only once the signalling has shown that address is the peer's
+wish (`trust_sdp_address`, at the ACK from the INVITE's source): an SDP can name anyone.
 """
 
 from __future__ import annotations
@@ -20,10 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from parley import metrics
 from parley.audio import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from parley.transports.sip.dtmf import DtmfReceiver, DtmfSender, event_for_digit
+from parley.transports.sip.latching import Latch, PeerSources
 from parley.transports.sip.rtp import JitterBuffer, RtpPacket, is_rtcp, uint16_add, uint32_add
+from parley.transports.sip.sdes import new_master_key
 from parley.transports.sip.sdp import Negotiated
+from parley.transports.sip.srtp import SrtpContext, SrtpError, srtp_context
 
 FRAME_SAMPLES = 160  # 20 ms at 8 kHz
 FRAME_S = 0.02
@@ -35,6 +46,12 @@ _ENCODERS: dict[str, Callable[[np.ndarray], bytes]] = {"PCMU": ulaw_encode, "PCM
 _DECODERS: dict[str, Callable[[bytes], np.ndarray]] = {"PCMU": ulaw_decode, "PCMA": alaw_decode}
 
 Address = tuple[str, int]
+
+_FOREIGN = metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="sip", reason="rtp_foreign")
+_UNAUTHENTICATED = metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="sip", reason="srtp_unauthenticated")
+# Counted apart: some phones (baresip 1.0) send their first RTCP report and their RTCP BYE unprotected on
+# every SRTP call, which must not look like an attack on the media.
+_UNAUTHENTICATED_RTCP = metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="sip", reason="srtcp_unauthenticated")
 
 
 class _Endpoint(asyncio.DatagramProtocol):
@@ -60,14 +77,21 @@ class RtpStream:
         on_audio: Callable[[np.ndarray], None],
         on_dtmf: Callable[[str], None],
         clock: Callable[[], float],
+        sources: PeerSources,
     ) -> None:
         self._rtp_socket, self._rtcp_socket = rtp, rtcp
         self._rtp: asyncio.DatagramTransport | None = None
         self._rtcp: asyncio.DatagramTransport | None = None
         self._on_audio, self._on_dtmf, self._clock = on_audio, on_dtmf, clock
         self._negotiated: Negotiated | None = None
+        self._srtp: SrtpContext | None = None
+        # Ours for the life of the stream, answered or offered again on a re-INVITE, so that our
+        # outbound SRTP context (its rollover counter) runs on.
+        self.master_key = new_master_key()
         self._decoders: dict[int, Callable[[bytes], np.ndarray]] = {}
-        self._latched: Address | None = None
+        self._latch = Latch(sources, clock)
+        self._sdp_trusted = False
+        self._reachable = asyncio.Event()
         self._buffer: JitterBuffer[RtpPacket] = JitterBuffer()
         self._dtmf_in = DtmfReceiver()
         self._frame_samples = FRAME_SAMPLES
@@ -86,6 +110,7 @@ class RtpStream:
         self.sent = 0
         self.invalid = 0
         self.foreign = 0
+        self.unauthenticated = 0
         self.rtcp_received = 0
 
     @classmethod
@@ -97,14 +122,17 @@ class RtpStream:
         on_audio: Callable[[np.ndarray], None],
         on_dtmf: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
+        sources: PeerSources | None = None,
     ) -> RtpStream:
         """Bind an even RTP port and the odd RTCP port above it (RFC 3550 11) on an IP literal.
 
         The pair is drawn at random from the inclusive `port_range`, so concurrent calls rarely race
-        for one; OSError when every pair is taken.
+        for one; OSError when every pair is taken. RTP is accepted from the SDP's address and `sources`.
         """
         rtp, rtcp = _bind_pair(host, port_range)
-        stream = cls(rtp, rtcp, on_audio=on_audio, on_dtmf=on_dtmf, clock=clock)
+        stream = cls(
+            rtp, rtcp, on_audio=on_audio, on_dtmf=on_dtmf, clock=clock, sources=sources or PeerSources()
+        )
         loop = asyncio.get_running_loop()
         try:
             stream._rtp, _ = await loop.create_datagram_endpoint(
@@ -124,11 +152,35 @@ class RtpStream:
 
     @property
     def remote(self) -> Address | None:
-        """Where audio goes now: the latched source, else the SDP address; None before SDP or on hold."""
+        """Where audio goes now: the latched source, else the SDP address once trusted; None before
+        either, before SDP, or on hold."""
         negotiated = self._negotiated
         if negotiated is None or not negotiated.sends:
             return None
-        return self._latched or (negotiated.remote_address, negotiated.remote_port)
+        if self._latch.latched is not None:
+            return self._latch.latched
+        if self._sdp_trusted:
+            return (negotiated.remote_address, negotiated.remote_port)
+        return None
+
+    @property
+    def on_hold(self) -> bool:
+        """Whether the peer's SDP parked the call (RFC 3264 8.4): it may then send nothing at all."""
+        return self._negotiated is not None and not self._negotiated.sends
+
+    @property
+    def relatched(self) -> int:
+        return self._latch.relatched
+
+    def trust_sdp_address(self) -> None:
+        """The signalling proved the SDP is the peer's own (the dialog was confirmed from where the offer
+        came, or we dialled the peer): media may go to the SDP's address before any RTP arrives."""
+        self._sdp_trusted = True
+        self._reachable.set()
+
+    async def wait_reachable(self) -> None:
+        """Until media may leave: the SDP's address is trusted, or the peer's RTP latched."""
+        await self._reachable.wait()
 
     @property
     def lost(self) -> int:
@@ -141,6 +193,16 @@ class RtpStream:
     @property
     def duplicates(self) -> int:
         return self._buffer.duplicates
+
+    @property
+    def negotiated(self) -> Negotiated | None:
+        """The SDP agreement in force (None before the first)."""
+        return self._negotiated
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the stream speaks SRTP."""
+        return self._srtp is not None
 
     @property
     def telephone_events(self) -> bool:
@@ -157,15 +219,17 @@ class RtpStream:
         if negotiated.codec not in _DECODERS:
             raise ValueError(f"RTP streams speak {', '.join(_DECODERS)}, not {negotiated.codec}")
         previous = self._negotiated
-        if previous is None or (previous.remote_address, previous.remote_port) != (
+        if previous is not None and (previous.remote_address, previous.remote_port) != (
             negotiated.remote_address,
             negotiated.remote_port,
         ):
-            self._latched = None  # the peer moved: latch afresh to whoever sends the new stream
+            self._latch.unlatch()  # the peer moved (RFC 3264 8.3.1): latch afresh to its new stream
+        self._latch.expect_sdp_address(negotiated.remote_address)
         if previous is not None and previous.telephone_event_pt != negotiated.telephone_event_pt:
             self._dtmf_out = None
             if negotiated.telephone_event_pt is None:
                 self._digits.clear()
+        self._srtp = srtp_context(negotiated.srtp, self._srtp)
         self._negotiated = negotiated
         self._decoders = {negotiated.payload_type: _DECODERS[negotiated.codec]}
 
@@ -183,7 +247,8 @@ class RtpStream:
         packet, destination = self._packet_for(pcm8k), self.remote
         self._timestamp = uint32_add(self._timestamp, pcm8k.size)
         if packet is not None and destination is not None and self._rtp is not None:
-            self._rtp.sendto(packet.serialize(), destination)
+            data = packet.serialize()
+            self._rtp.sendto(data if self._srtp is None else self._srtp.protect(data), destination)
             self.sent += 1
 
     def send_dtmf(self, digit: str) -> bool:
@@ -250,9 +315,18 @@ class RtpStream:
     def _datagram_received(self, data: bytes, source: Address) -> None:
         if self._closed:
             return
+        if not self._latch.may_be_peer(source[0]):
+            self._foreign()
+            return
         if is_rtcp(data):
             self._rtcp_received(data, source)
             return
+        if self._srtp is not None:
+            try:
+                data = self._srtp.unprotect(data)
+            except SrtpError:
+                self._unauthenticated()
+                return
         try:
             packet = RtpPacket.parse(data)
         except ValueError:
@@ -264,13 +338,10 @@ class RtpStream:
         ):
             self.invalid += 1
             return
-        # Symmetric RTP (RFC 4961) and comedia: the first valid source is the peer, behind any NAT;
-        # anyone else on this port afterwards is ignored.
-        if self._latched is None:
-            self._latched = source
-        elif source != self._latched:
-            self.foreign += 1
+        if not self._latch.admit(source, packet.ssrc):
+            self._foreign()
             return
+        self._reachable.set()
         self.received += 1
         self.last_received = self._clock()
         for due in self._buffer.push(packet):
@@ -294,9 +365,28 @@ class RtpStream:
 
     def _rtcp_received(self, data: bytes, source: Address) -> None:
         # A peer that holds the call sends only RTCP (RFC 3550 6.2), so it keeps the call alive.
+        if self._closed:
+            return
+        if not self._latch.may_be_peer(source[0]):
+            self._foreign()
+            return
+        if self._srtp is not None:
+            try:
+                self._srtp.unprotect_rtcp(data)
+            except SrtpError:
+                self.unauthenticated += 1
+                _UNAUTHENTICATED_RTCP.inc()
+                return
         self.rtcp_received += 1
-        if self._latched is None or source[0] == self._latched[0]:
-            self.last_received = self._clock()
+        self.last_received = self._clock()
+
+    def _foreign(self) -> None:
+        self.foreign += 1
+        _FOREIGN.inc()
+
+    def _unauthenticated(self) -> None:
+        self.unauthenticated += 1
+        _UNAUTHENTICATED.inc()
 
 
 def _bind_pair(host: str, port_range: tuple[int, int]) -> tuple[socket.socket, socket.socket]:

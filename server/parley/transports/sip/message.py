@@ -29,8 +29,8 @@ from parley.transports.sip.uri import (
 
 __all__ = [
     "Headers", "NameAddr", "SipError", "SipMessage", "SipRequest", "SipResponse", "SipUri",
-    "Via", "default_reason", "fix_via_received", "make_response", "new_branch", "new_call_id", "new_tag",
-    "parse_message", "response_destination",
+    "Via", "default_reason", "fix_via_received", "ip_literal", "make_response", "new_branch", "new_call_id",
+    "new_tag", "parse_message", "response_destination",
 ]  # fmt: skip
 
 MAX_MESSAGE_BYTES = 65536
@@ -357,17 +357,25 @@ def fix_via_received(request: SipRequest, source_host: str, source_port: int) ->
     return via
 
 
-def response_destination(via: Via, transport: str) -> tuple[str, int]:
-    """Where to send a response when not over the request's own connection (RFC 3261 18.2.2, RFC 3581 4).
+def response_destination(via: Via, transport: str) -> tuple[str, int] | None:
+    """Where a response goes on a new connection when the request's own is gone (RFC 3261 18.2.2): the
+    received address and the sent-by port. None when that address is no IP literal.
 
-    On streams the response goes back over the request's connection; this is the fallback (the
-    received address, the sent-by port). The host comes back without IPv6 brackets, ready for a socket.
+    Never `maddr` and never a name: resolving a name would block (or be steered by the peer's DNS),
+    and either would let a request aim our responses, and Timer G's copies of them, at a third party.
+    Over UDP the response goes to the request's source address and port instead (RFC 3581), which the
+    user agent knows without a Via.
     """
+    host = bare_host(via.received or via.host)
+    if _ip(host) is None:
+        return None
     port = via.port if via.port is not None else (5061 if transport.upper() in ("TLS", "WSS") else 5060)
-    if transport.upper() != "UDP":
-        return bare_host(via.received or via.host), port
-    if via.maddr:
-        return bare_host(via.maddr), port
-    if via.received:
-        return bare_host(via.received), via.rport or port
-    return bare_host(via.host), port
+    if transport.upper() == "UDP" and via.rport:
+        port = via.rport
+    return host, port
+
+
+def ip_literal(host: str) -> str | None:
+    """`host` as a socket address when it is an IP literal (brackets and IPv4-mapped form undone)."""
+    ip = _ip(host)
+    return str(ip) if ip is not None else None

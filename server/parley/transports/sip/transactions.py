@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from parley.ratelimit import source_key
 from parley.transports.sip.message import SipRequest, SipResponse, make_response, new_tag
 from parley.transports.sip.uri import SipError
 
@@ -28,11 +29,13 @@ TIMEOUT = 64 * T1  # Timers B, F, H, J: 32 s
 
 @dataclass(frozen=True)
 class Peer:
-    """Where a message came from, or goes: the transport (UDP or TCP) and the address."""
+    """Where a message came from, or goes: the transport (UDP, TCP or TLS) and the address. `name`, for
+    a peer we dial over TLS, is the host its certificate must name (the URI's, before resolution)."""
 
     transport: str
     host: str
     port: int
+    name: str = field(default="", compare=False)
 
     @property
     def reliable(self) -> bool:
@@ -234,29 +237,67 @@ class ClientTransaction(_Timed):
         self.layer.client_ended(self)
 
 
-class TransactionLayer:
-    """The transactions of one user agent: which incoming message belongs to which transaction."""
+class TransactionsFull(Exception):
+    """No room for another server transaction: from this source, or at all."""
 
-    def __init__(self, send: Send) -> None:
+
+class TransactionLayer:
+    """The transactions of one user agent: which incoming message belongs to which transaction.
+
+    Each server transaction keeps its request and last response for up to Timer H/J (32 s over UDP),
+    so their number is capped per source and in all: a peer sending requests with new branches cannot
+    grow the table without bound.
+    """
+
+    def __init__(self, send: Send, *, max_server: int = 2048, max_server_per_source: int = 0) -> None:
         self.send = send
         self.server: dict[Key, ServerTransaction] = {}
         self.client: dict[tuple[str, str], ClientTransaction] = {}
+        self.max_server = max_server
+        self.max_server_per_source = max_server_per_source  # 0: no cap per source
+        self._per_source: dict[str, int] = {}
 
-    def server_transaction(self, request: SipRequest, peer: Peer) -> ServerTransaction | None:
-        """The new transaction for a request; None when it was a retransmission or an absorbed ACK."""
-        if request.method == "ACK":
-            invite = self.server.get(server_key(request, "INVITE"))
-            if invite is not None and invite.state in ("completed", "confirmed"):
-                invite.on_ack()
-                return None
-            return None  # the ACK of a 2xx: the dialog's, not a transaction's
+    def absorb_ack(self, request: SipRequest) -> None:
+        """The ACK of a non-2xx final response ends its INVITE transaction's retransmissions (17.2.1);
+        the ACK of a 2xx is the dialog's business."""
+        invite = self.server.get(server_key(request, "INVITE"))
+        if invite is not None and invite.state in ("completed", "confirmed"):
+            invite.on_ack()
+
+    def retransmission(self, request: SipRequest) -> bool:
+        """True when `request` belongs to a server transaction already (17.2.3), which answered it."""
         existing = self.server.get(server_key(request))
-        if existing is not None:
-            existing.on_retransmission()
-            return None
+        if existing is None:
+            return False
+        existing.on_retransmission()
+        return True
+
+    def new_server(self, request: SipRequest, peer: Peer, *, in_dialog: bool = False) -> ServerTransaction:
+        """The server transaction of a new request; TransactionsFull when the caps leave no room.
+
+        A request in a call we hold (`in_dialog`) has a quarter more room in all: a flood of strangers
+        filling the table must not keep the calls in progress from hanging up.
+        """
+        source = source_key(peer.host)
+        if len(self.server) >= self.max_server + (self.max_server // 4 if in_dialog else 0):
+            raise TransactionsFull("too many SIP transactions in progress")
+        held = self._per_source.get(source, 0)
+        if self.max_server_per_source and held >= self.max_server_per_source:
+            raise TransactionsFull("too many SIP transactions in progress from this address")
         tx = ServerTransaction(self, request, peer)
         self.server[tx.key] = tx
+        self._per_source[source] = held + 1
         return tx
+
+    def server_transaction(self, request: SipRequest, peer: Peer) -> ServerTransaction | None:
+        """The new transaction for a request; None when it was a retransmission or an ACK (a peer
+        that needs no admission of its own, such as the benchmark's caller)."""
+        if request.method == "ACK":
+            self.absorb_ack(request)
+            return None
+        if self.retransmission(request):
+            return None
+        return self.new_server(request, peer)
 
     def invite_transaction(self, request: SipRequest) -> ServerTransaction | None:
         """The INVITE transaction a CANCEL names (9.2: same branch and sent-by, method INVITE)."""
@@ -265,6 +306,12 @@ class TransactionLayer:
     def server_ended(self, tx: ServerTransaction) -> None:
         if self.server.get(tx.key) is tx:
             del self.server[tx.key]
+            source = source_key(tx.peer.host)
+            held = self._per_source.get(source, 0) - 1
+            if held > 0:
+                self._per_source[source] = held
+            else:
+                self._per_source.pop(source, None)
 
     def start_client(
         self,

@@ -18,8 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from parley import metrics
+from parley.agent.agentfile import header_variable
+from parley.agent.templates import MAX_VALUE_CHARS
+from parley.agent.variables import CALLER
 from parley.call import Call
 from parley.log import event
+from parley.ratelimit import Source
 from parley.runtime import CallRefused
 from parley.transports.base import CallSetupFailed, HangUp, open_call
 from parley.transports.sip.dialog import Dialog
@@ -27,7 +31,8 @@ from parley.transports.sip.digest import Verdict
 from parley.transports.sip.leg import SIP_RATE, SipLeg
 from parley.transports.sip.media import RtpStream
 from parley.transports.sip.message import SipRequest, make_response
-from parley.transports.sip.sdp import SdpError, answer, parse_sdp
+from parley.transports.sip.sdes import key_if_secure
+from parley.transports.sip.sdp import MediaNotEncrypted, SdpError, answer, parse_sdp
 from parley.transports.sip.transactions import Peer, ServerTransaction
 from parley.transports.sip.uri import SipError, SipUri
 
@@ -52,30 +57,32 @@ class Setup:
 def receive_invite(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
     """A new call's INVITE (no To-tag): refused at once, or answered in a task of the user agent."""
     try:
-        if not ua.allowed_networks:  # a trunk on --sip-allow carries many callers from one address
-            ua.runtime.check_source("sip", source.host)
-    except CallRefused as exc:  # a flood of INVITEs from one source: refused before any work
+        ua.check_setup(source)  # per source, or for --sip-allow trunks one limit they share
+    except CallRefused as exc:  # a flood of INVITEs: refused before any work
         tx.respond(503, "Too Many Calls", headers=(("Retry-After", str(exc.retry_after_s)),))
         return
     tx.respond(100)
     if request.headers.get("Max-Forwards") == "0":
         tx.respond(483)
         return
-    if not _authorised(ua, tx, request):
+    if not _authorised(ua, tx, request, source):
         return
     ua.spawn(_answer(ua, tx, request, source))
 
 
-def _authorised(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest) -> bool:
+def _authorised(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest, source: Peer) -> bool:
+    """Digest (22.4): the nonce is issued to the request's source address, and only answers from there."""
     if ua.auth is None:
         return True
     credentials = request.headers.get("Authorization")
-    verdict = ua.auth.verify(credentials, request.method, request.uri) if credentials else Verdict.BAD
+    verdict = Verdict.BAD
+    if credentials:
+        verdict = ua.auth.verify(credentials, request.method, request.uri, source.host)
     if verdict is Verdict.OK:
         return True
     if credentials and verdict is Verdict.BAD:
         metrics.CALLS_REFUSED_TOTAL.labels(transport="sip", reason="unauthorised").inc()
-    challenge = ua.auth.challenge(stale=verdict is Verdict.STALE)
+    challenge = ua.auth.challenge(source.host, stale=verdict is Verdict.STALE)
     tx.respond(401, headers=(("WWW-Authenticate", challenge),))
     return False
 
@@ -101,11 +108,20 @@ async def _answer(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest, 
     try:
         offer = parse_sdp(request.body.decode("utf-8", errors="replace"))
         await open_call(
-            ua.runtime, "sip", SIP_RATE, _answering(ua, setup, request, offer, source), agent=agent
+            ua.runtime,
+            "sip",
+            SIP_RATE,
+            _answering(ua, setup, request, offer, source),
+            agent=agent,
+            source=None if ua.admission.trunks_only else Source(source.host),
         )
     except CallRefused as exc:
         tx.respond(503, to_tag=setup.to_tag, headers=(("Retry-After", str(exc.retry_after_s)),))
     except SdpError as exc:
+        # Counted and logged: a phone turned away for its media would otherwise leave no trace.
+        reason = "unencrypted" if isinstance(exc, MediaNotEncrypted) else "unusable_offer"
+        metrics.CALLS_REFUSED_TOTAL.labels(transport="sip", reason=reason).inc()
+        event(log, "sip_offer_refused", reason=reason, source=source.host, why=str(exc)[:200])
         tx.respond(488, to_tag=setup.to_tag, headers=(warning(str(exc)),))
     except CallSetupFailed:
         pass  # cancelled: the 487 went out with the CANCEL's 200
@@ -120,13 +136,14 @@ def _answering(ua: SipUserAgent, setup: Setup, request: SipRequest, offer: Any, 
     async def connect(call: Call, hang_up: HangUp) -> SipLeg:
         call.caller = str(request.from_addr.uri)
         call.called = str(request.to_addr.uri)
-        # The SIP headers the agent file names become variables (X-Customer-Id -> x_customer_id).
-        for header in call.agent.sip_headers:
-            value = request.headers.get(header)
-            if value is not None:
-                call.context[header.lower().replace("-", "_")] = value[:1024]
+        # The SIP headers the agent file names become variables (X-Customer-Id -> x_customer_id): the
+        # caller's word, as are From and To (agent/variables.py).
+        headers = {header: request.headers.get(header) for header in call.agent.sip_headers}
+        call.take_context(
+            {header_variable(h): v[:MAX_VALUE_CHARS] for h, v in headers.items() if v is not None}, CALLER
+        )
         call.set_state("ringing")
-        rtp = await ua.open_rtp(call)
+        rtp = await ua.open_rtp(call, source.host)
         try:
             return await _connect_answered(ua, call, hang_up, setup, request, offer, source, rtp)
         except BaseException:
@@ -148,10 +165,16 @@ async def _connect_answered(
 ) -> SipLeg:
     session = int(time.time())
     sdp, negotiated = answer(
-        offer, address=ua.public_host, port=rtp.local_port, session_id=session, session_version=1
+        offer,
+        address=ua.public_host,
+        port=rtp.local_port,
+        session_id=session,
+        session_version=1,
+        srtp_key=key_if_secure(rtp.master_key, source.transport),
+        require_srtp=ua.settings.sip_require_encryption,
     )
     rtp.configure(negotiated)
-    contact = ua.contact(source.transport)
+    contact = ua.contact(source.transport, request.uri)
     setup.tx.respond(180, to_tag=setup.to_tag, headers=(("Contact", contact),))
     ring_s = ua.settings.sip_ring_ms / 1000
     if ring_s > 0 and not setup.cancelled.is_set():
@@ -159,7 +182,7 @@ async def _connect_answered(
             await asyncio.wait_for(setup.cancelled.wait(), ring_s)
     if setup.cancelled.is_set():
         raise CallSetupFailed("cancelled", "the caller cancelled before the answer")
-    dialog = Dialog.as_uas(request, setup.to_tag, contact, ua.sent_by(), source)
+    dialog = Dialog.as_uas(request, setup.to_tag, contact, ua.sent_by(source.transport), source)
     leg = SipLeg(ua, call, dialog, rtp, hang_up, ua.settings.rtp_timeout_s)
     leg.local_sdp, leg.sdp_session = sdp, session
     headers = [("Contact", contact), ("Allow", ALLOW), ("X-Parley-Call-Id", call.call_id)]

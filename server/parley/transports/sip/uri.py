@@ -242,6 +242,22 @@ class SipUri:
         return f"{self.scheme}:{userinfo}{self.host}{port}{params}" + (f"?{headers}" if headers else "")
 
 
+def uri_transport(uri: SipUri) -> str:
+    """The transport a request to `uri` takes: TLS for a SIPS URI (RFC 3261 26.2.2), else its
+    `transport` parameter (UDP when none); SipError for a SIPS URI that names a transport TLS is not."""
+    named = uri.params.get("transport", "").upper()
+    if uri.scheme == "sips":
+        if named not in ("", "TLS", "TCP"):
+            raise SipError(f"a sips: URI cannot be reached over {show(named)}")
+        return "TLS"
+    return named or "UDP"
+
+
+def default_port(transport: str) -> int:
+    """RFC 3261 19.1.2: 5061 for SIP over TLS, 5060 otherwise."""
+    return 5061 if transport.upper() == "TLS" else 5060
+
+
 def _uri_params(text: str) -> dict[str, str]:
     params: dict[str, str] = {}
     if not text:

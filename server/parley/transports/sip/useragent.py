@@ -13,21 +13,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import ipaddress
 import logging
 import socket
-from collections.abc import Coroutine
+import ssl
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from parley import metrics
 from parley.call import Call
-from parley.config import rtp_port_range, sip_address
+from parley.config import Settings, SettingsError, rtp_port_range, sip_address
 from parley.log import event
-from parley.runtime import Runtime
+from parley.runtime import CallRefused, Runtime
+from parley.transports.sip.admission import SipAdmission
+from parley.transports.sip.dial_policy import dial_policy
 from parley.transports.sip.dialog import Dialog, DialogId
 from parley.transports.sip.digest import DigestAuthenticator
 from parley.transports.sip.dtmf import info_digit
-from parley.transports.sip.endpoint import SipEndpoint
+from parley.transports.sip.endpoint import SipEndpoint, StreamLimits
+from parley.transports.sip.latching import PeerSources
 from parley.transports.sip.leg import SIP_RATE, SipLeg
 from parley.transports.sip.media import RtpStream
 from parley.transports.sip.message import (
@@ -36,17 +39,27 @@ from parley.transports.sip.message import (
     fix_via_received,
     make_response,
     new_tag,
-    response_destination,
 )
 from parley.transports.sip.refer import EVENT_PACKAGE, SIPFRAG, sipfrag_status, subscription_terminated
+from parley.transports.sip.sdes import key_if_secure
 from parley.transports.sip.sdp import SdpError, answer, parse_sdp
-from parley.transports.sip.transactions import Key, Peer, ServerTransaction, TransactionLayer, server_key
+from parley.transports.sip.tls import client_context, server_context
+from parley.transports.sip.transactions import (
+    Key,
+    Peer,
+    ServerTransaction,
+    TransactionLayer,
+    TransactionsFull,
+    server_key,
+)
 from parley.transports.sip.uas import ALLOW, USER_AGENT, Setup, receive_invite, warning
+from parley.transports.sip.uri import SipError, SipUri
 
 log = logging.getLogger(__name__)
 
 KNOWN_UNSUPPORTED = frozenset({"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "REFER", "UPDATE", "PRACK"})
 DTMF_TYPES = ("application/dtmf-relay", "application/dtmf")
+TABLE_RETRY_AFTER = "10"  # seconds: transactions end within Timer J/H (32 s); most far sooner
 
 
 class SipUserAgent:
@@ -56,26 +69,59 @@ class SipUserAgent:
         self.settings = settings
         self.bind_host, self.bind_port = sip_address(settings.sip)
         self.rtp_ports = rtp_port_range(settings.rtp_ports)
-        self.endpoint = SipEndpoint(self._on_message)
-        self.layer = TransactionLayer(self.endpoint.send)
+        self.admission = SipAdmission(
+            settings.sip_allow,
+            request_rate=settings.sip_request_rate,
+            request_burst=settings.sip_request_burst,
+            trunk_setup_rate=settings.sip_trunk_setup_rate,
+            trunk_setup_burst=settings.sip_trunk_setup_burst,
+        )
+        self.tls_address = _tls_address(settings)
+        self.endpoint = SipEndpoint(
+            self._on_message,
+            limits=StreamLimits(
+                max_connections=settings.sip_max_connections,
+                max_per_source=settings.sip_max_connections_per_source,
+                idle_s=settings.sip_connection_idle_s,
+            ),
+            accepts=self.admission.allowed,
+            keeps_open=self._carries_dialog,
+            tls_server=(
+                server_context(settings.sip_tls_cert_file, settings.sip_tls_key_file)
+                if self.tls_address
+                else None
+            ),
+            tls_client=_client_context(settings),
+        )
+        self.layer = TransactionLayer(
+            self.endpoint.send,
+            max_server=settings.sip_max_transactions,
+            # A trunk on --sip-allow carries many callers from one address: only the cap in all holds.
+            max_server_per_source=0
+            if self.admission.trunks_only
+            else settings.sip_max_transactions_per_source,
+        )
         self.legs: dict[DialogId, SipLeg] = {}
         self.setups: dict[Key, Setup] = {}  # INVITEs being answered (uas.py), for a CANCEL
         self._tasks: set[asyncio.Task[None]] = set()
-        self.allowed_networks = [ipaddress.ip_network(net, strict=False) for net in settings.sip_allow]
+        self.allowed_networks = self.admission.allowed_networks
         self.auth = (
             DigestAuthenticator(settings.sip_realm, settings.sip_auth_user, settings.sip_auth_password)
             if settings.sip_auth_user
             else None
         )
+        self.dial_policy = dial_policy(settings)  # where uac.py may dial out, and with which credentials
         self.public_host = settings.sip_public_address or _reachable_address(self.bind_host)
 
     # lifecycle
 
     async def start(self) -> None:
-        await self.endpoint.start(self.bind_host, self.bind_port)
+        await self.endpoint.start(self.bind_host, self.bind_port, self.tls_address)
         metrics.SIP_DIALOGS.set_function(lambda: len(self.legs))
         metrics.SIP_TRANSACTIONS.set_function(lambda: len(self.layer.server) + len(self.layer.client))
         event(log, "sip_listening", address=f"{self.bind_host}:{self.endpoint.port}", public=self.public_host)
+        if self.tls_address is not None:
+            event(log, "sip_tls_listening", address=f"{self.tls_address[0]}:{self.endpoint.tls_port}")
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -92,13 +138,21 @@ class SipUserAgent:
 
     # addresses we put in messages
 
-    def sent_by(self) -> str:
+    def sent_by(self, transport: str = "UDP") -> str:
         host = f"[{self.public_host}]" if ":" in self.public_host else self.public_host
-        return f"{host}:{self.port}"
+        port = self.endpoint.tls_port if transport == "TLS" else self.port
+        # Dialling over TLS with no TLS listener: no port of ours to name; the peer answers on our
+        # connection (RFC 3261 18.2.2).
+        return f"{host}:{port}" if port else host
 
-    def contact(self, transport: str) -> str:
-        suffix = ";transport=tcp" if transport == "TCP" else ""
-        return f"<sip:{USER_AGENT}@{self.sent_by()}{suffix}>"
+    def contact(self, transport: str, target: str = "") -> str:
+        """Our Contact for a dialog or request over `transport`; `target` is the Request-URI that
+        started it. RFC 3261 12.1.1: a SIPS target gets a SIPS Contact; a sip: one over TLS gets
+        transport=tls, which more peers follow (baresip 1.0 cannot route to a sips: Contact)."""
+        if transport == "TLS" and target[:5].lower() == "sips:":
+            return f"<sips:{USER_AGENT}@{self.sent_by('TLS')}>"
+        suffix = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(transport, "")
+        return f"<sip:{USER_AGENT}@{self.sent_by(transport)}{suffix}>"
 
     # the LegOwner protocol
 
@@ -106,7 +160,12 @@ class SipUserAgent:
         self.endpoint.send(message, peer)
 
     async def request_in_dialog(self, dialog: Dialog, request: SipRequest) -> SipResponse:
-        return await self.layer.request(request, dialog.next_hop())
+        # Over TCP and TLS the dialog's own connection while it lasts (RFC 5923): a caller behind NAT,
+        # or one with no certificate of its own, can be reached no other way.
+        hop = dialog.fallback
+        if not (hop.reliable and hop.transport == dialog.transport and self.endpoint.has_connection(hop)):
+            hop = dialog.next_hop()
+        return await self.layer.request(request, hop)
 
     def forget(self, leg: SipLeg) -> None:
         if self.legs.get(leg.dialog.id) is leg:
@@ -123,19 +182,36 @@ class SipUserAgent:
         if isinstance(message, SipResponse):
             self.layer.on_response(message)
             return
-        if not self._allowed(source.host):
+        if not self.admission.allowed(source.host):
             metrics.CALLS_REFUSED_TOTAL.labels(transport="sip", reason="forbidden").inc()
-            if message.method != "ACK":
+            if message.method != "ACK" and self._admitted(message, source):
                 self.send(make_response(message, 403, "Source not allowed", to_tag=new_tag()), source)
             return
-        via = fix_via_received(message, source.host, source.port)
-        reply_to = source if source.reliable else Peer("UDP", *response_destination(via, "UDP"))
-        tx = self.layer.server_transaction(message, reply_to)
+        # Responses go back where the request came from (RFC 3581: the received address and port),
+        # never to a Via maddr or name: fix_via_received only records it for the hops behind us.
+        fix_via_received(message, source.host, source.port)
         if message.method == "ACK":
-            self._on_ack(message)
+            self.layer.absorb_ack(message)
+            self._on_ack(message, source)
             return
-        if tx is None:
-            return  # a retransmission, answered by its transaction
+        if self.layer.retransmission(message):
+            return  # answered by its transaction
+        in_dialog = self._in_dialog(message)
+        if not in_dialog and not self._admitted(message, source):
+            return
+        try:
+            tx = self.layer.new_server(message, source, in_dialog=in_dialog)
+        except TransactionsFull as exc:
+            metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="sip", reason="transactions_full").inc()
+            event(
+                log, "sip_transactions_full", logging.DEBUG, peer=f"{source.host}:{source.port}", why=str(exc)
+            )
+            # Answered without a transaction: one response per request, never retransmitted.
+            busy = make_response(
+                message, 503, to_tag=new_tag(), headers=(("Retry-After", TABLE_RETRY_AFTER),)
+            )
+            self.send(busy, source)
+            return
         handler = {
             "INVITE": self._on_invite,
             "CANCEL": self._on_cancel,
@@ -151,14 +227,39 @@ class SipUserAgent:
         else:
             tx.respond(501, headers=(("Allow", ALLOW),))
 
-    def _allowed(self, host: str) -> bool:
-        if not self.allowed_networks:
+    def _admitted(self, request: SipRequest, source: Peer) -> bool:
+        """Count a request outside any dialog against its source's rate; False (counted): drop it.
+        A new INVITE is counted by the set-up limits instead (uas.py)."""
+        if request.method == "INVITE" and not request.to_tag:
             return True
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        return any(address in network for network in self.allowed_networks)
+        if self.admission.request_admitted(source.host):
+            return True
+        metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="sip", reason="rate_limited").inc()
+        return False
+
+    def _in_dialog(self, request: SipRequest) -> bool:
+        """A request of a call we hold, or a CANCEL of an INVITE we are answering."""
+        if request.method == "CANCEL":
+            return self.layer.invite_transaction(request) is not None
+        return bool(request.to_tag) and self._leg_for(request) is not None
+
+    def _carries_dialog(self, peer: Peer) -> bool:
+        """Whether a stream connection is a call's signalling path (kept open however quiet)."""
+        return any(leg.dialog.fallback == peer for leg in self.legs.values())
+
+    def check_setup(self, source: Peer) -> None:
+        """Count a new call's set-up; CallRefused (counted) past the limit that applies. A trunk on
+        --sip-allow brings many callers from one address: it is spared the limit per source, but the
+        trunks share one, since a UDP source address is easily forged."""
+        if not self.admission.trunks_only:
+            self.runtime.check_source("sip", source.host)
+            return
+        wait_s = self.admission.trunk_setup_wait()
+        if wait_s > 0:
+            metrics.CALLS_REFUSED_TOTAL.labels(transport="sip", reason="rate_limited").inc()
+            raise CallRefused(
+                "rate_limited", "too many calls set up through the trunks, try again later", wait_s
+            )
 
     def _dialog_leg(self, tx: ServerTransaction, request: SipRequest) -> SipLeg | None:
         """The call an in-dialog request belongs to; None, answered, when there is none (481) or the
@@ -180,19 +281,25 @@ class SipUserAgent:
     def _on_invite(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
         if request.to_tag:
             self._on_reinvite(tx, request)
+        elif self.settings.sip_require_encryption and source.transport != "TLS":
+            metrics.CALLS_REFUSED_TOTAL.labels(transport="sip", reason="unencrypted").inc()
+            fix = f"calls are taken over TLS only: sips:{_request_user(request)}@{self.sent_by('TLS')}"
+            tx.respond(403, "Encryption Required", headers=(warning(fix),))
         else:
             receive_invite(self, tx, request, source)  # a new call (uas.py)
 
     def rtp_host(self) -> str:
         return self.bind_host
 
-    async def open_rtp(self, call: Call) -> RtpStream:
-        """A call's RTP port pair, its audio and digits going to the call."""
+    async def open_rtp(self, call: Call, signalling: str | None) -> RtpStream:
+        """A call's RTP port pair, its audio and digits going to the call; RTP is taken from the SDP's
+        address, the `signalling` peer's and the trunk networks on --sip-allow (latching.py)."""
         return await RtpStream.open(
             self.rtp_host(),
             self.rtp_ports,
             on_audio=functools.partial(call.push_audio, rate=SIP_RATE),
             on_dtmf=call.dtmf_received,
+            sources=PeerSources(signalling, tuple(self.allowed_networks)),
         )
 
     # in-dialog requests
@@ -215,6 +322,8 @@ class SipUserAgent:
                     port=leg.rtp.local_port,
                     session_id=leg.sdp_session,
                     session_version=leg.sdp_version,
+                    srtp_key=key_if_secure(leg.rtp.master_key, leg.dialog.transport),
+                    require_srtp=self.settings.sip_require_encryption,
                 )
             except SdpError as exc:
                 tx.respond(488, headers=(warning(str(exc)),))
@@ -229,7 +338,7 @@ class SipUserAgent:
                 held=not negotiated.sends,
                 rtp=f"{negotiated.remote_address}:{negotiated.remote_port}",
             )
-        contact = self.contact(leg.dialog.transport)
+        contact = leg.dialog.local_contact
         ok = make_response(
             request,
             200,
@@ -240,10 +349,10 @@ class SipUserAgent:
         tx.send_response(ok)
         leg.await_ack(ok, tx.peer)
 
-    def _on_ack(self, request: SipRequest) -> None:
+    def _on_ack(self, request: SipRequest, source: Peer) -> None:
         leg = self._leg_for(request)
         if leg is not None:
-            leg.on_ack(request.cseq[0])
+            leg.on_ack(request.cseq[0], source)
 
     def _on_cancel(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
         invite = self.layer.invite_transaction(request)
@@ -273,7 +382,7 @@ class SipUserAgent:
         headers = (
             ("Allow", ALLOW),
             ("Accept", "application/sdp"),
-            ("Contact", self.contact(source.transport)),
+            ("Contact", self.contact(source.transport, request.uri)),
         )
         tx.respond(200, headers=headers)
 
@@ -331,3 +440,34 @@ def _reachable_address(host: str) -> str:
             return str(s.getsockname()[0])
         except OSError:
             return "127.0.0.1" if family == socket.AF_INET else "::1"
+
+
+def _tls_address(settings: Settings) -> tuple[str, int] | None:
+    """Where --sip-tls listens (port 0: a free one), or None."""
+    if settings.sip_require_encryption and not settings.sip_tls:
+        raise SettingsError("--sip-require-encryption needs --sip-tls (HOST:PORT, e.g. 0.0.0.0:5061)")
+    if not settings.sip_tls:
+        return None
+    host, _, port = settings.sip_tls.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SettingsError(f"--sip-tls must be HOST:PORT (5061 is usual), not {settings.sip_tls!r}")
+    return host.strip("[]"), int(port)
+
+
+def _client_context(settings: Settings) -> Callable[[], ssl.SSLContext]:
+    """The context of outbound TLS connections, made at the first one (it reads the system's CAs)."""
+    make = functools.cache(
+        functools.partial(
+            client_context, settings.sip_tls_ca_file, settings.sip_tls_cert_file, settings.sip_tls_key_file
+        )
+    )
+    if settings.sip_tls_ca_file:
+        make()  # a wrong file fails the start, not the first call
+    return make
+
+
+def _request_user(request: SipRequest) -> str:
+    try:
+        return SipUri.parse(request.uri).user or USER_AGENT
+    except SipError:
+        return USER_AGENT
