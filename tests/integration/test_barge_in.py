@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from parley.bench.caller import Caller
 from parley.bench.interruption import speech_onset_s
 from parley.bench.service import Service, metric_value
@@ -46,6 +48,7 @@ async def test_caller_interrupts_reply_and_agent_stops(service: Service) -> None
     assert metric_value(service.metrics_text(), "parley_barge_ins_total") > barge_ins
 
 
+@pytest.mark.slow  # a cough over a reply is in the default suite through test_fillers' laugh-and-cough group
 async def test_a_cough_during_a_reply_does_not_cut_it(service: Service) -> None:
     caller = await greeted(service)
     try:
