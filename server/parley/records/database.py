@@ -12,12 +12,15 @@ import contextlib
 import os
 import sqlite3
 import stat
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 Params = Sequence[Any]
+T = TypeVar("T")
+C = TypeVar("C")
 
 
 class DatabaseError(Exception):
@@ -42,6 +45,41 @@ WAL_SWITCH_WAIT_S = 10.0
 PRIVATE_FILE = 0o600
 PRIVATE_FOLDER = 0o700
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+class Reconnecting(Generic[C]):
+    """A connection (or what wraps one) made on first use, used under a lock, and made again once when an
+    operation fails with DatabaseError: the database restarted, or the network dropped the connection."""
+
+    def __init__(self, connect: Callable[[], C], close: Callable[[C], None]) -> None:
+        self._connect = connect
+        self._close = close
+        self._held: C | None = None
+        self._lock = threading.Lock()
+
+    def run(self, operation: Callable[[C], T]) -> T:
+        """`operation` on the connection; DatabaseError when it fails on a fresh connection too."""
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    if self._held is None:
+                        self._held = self._connect()
+                    return operation(self._held)
+                except DatabaseError:
+                    self._drop()
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            with contextlib.suppress(Exception):  # a connection already broken may fail to close too
+                self._close(held)
 
 
 class SqliteDatabase:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from parley import metrics
 from parley.call import Call
 from parley.log import event
-from parley.records.database import Database, DatabaseError
+from parley.records.database import Database, DatabaseError, Reconnecting
 from parley.records.schema import migrate
 from parley.records.store import CallInfo, RecordStore
 
@@ -60,8 +60,7 @@ class CallRecords:
         self._queue: queue.Queue[Write | None] = queue.Queue(maxsize=queue_size)
         self._watching: dict[str, tuple[Callable[[], None], Iterator[int]]] = {}
         self._writer: RecordStore | None = None
-        self._reader: RecordStore | None = None
-        self._read_lock = threading.Lock()
+        self._reader: Reconnecting[RecordStore] = Reconnecting(self._store, _close_store)
         self._thread = threading.Thread(target=self._run, name="records-writer", daemon=True)
         self._next_purge = 0.0
         self._failures = 0
@@ -87,10 +86,10 @@ class CallRecords:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(STOP_TIMEOUT_S)
-        for store in (self._writer, self._reader):
-            if store is not None:
-                store.db.close()
-        self._writer = self._reader = None
+        if self._writer is not None:
+            self._writer.db.close()
+        self._writer = None
+        self._reader.close()
 
     # the registry's observer (any thread; never blocks)
 
@@ -138,19 +137,7 @@ class CallRecords:
             metrics.RECORD_EVENTS_DROPPED_TOTAL.labels(reason="queue_full").inc()
 
     def _read(self, query: Callable[[RecordStore], T]) -> T:
-        with self._read_lock:
-            for attempt in (1, 2):
-                try:
-                    if self._reader is None:
-                        self._reader = self._store()
-                    return query(self._reader)
-                except DatabaseError:
-                    if self._reader is not None:
-                        self._reader.db.close()
-                        self._reader = None
-                    if attempt == 2:
-                        raise
-        raise AssertionError("unreachable")
+        return self._reader.run(query)
 
     def _run(self) -> None:
         while True:
@@ -192,3 +179,7 @@ class CallRecords:
             return
         if deleted:
             event(log, "records_purged", calls=deleted, retention_days=self.retention_s / 86400)
+
+
+def _close_store(store: RecordStore) -> None:
+    store.db.close()

@@ -10,14 +10,12 @@ Blocking: the event loop calls it through `asyncio.to_thread` (Access.claim).
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
-from parley.records.database import POSTGRES_SCHEMES, Database, DatabaseError, PostgresDatabase
+from parley.records.database import POSTGRES_SCHEMES, Database, PostgresDatabase, Reconnecting
 
 PURGE_EVERY_S = 60.0
 PURGE_MARGIN_S = 60.0
@@ -29,9 +27,7 @@ class DatabaseUsedTokens:
     """`UsedTokens` (access.py) in the records database's `used_call_tokens` table (schema.py)."""
 
     def __init__(self, connect: Callable[[], Database]) -> None:
-        self._connect = connect
-        self._db: Database | None = None
-        self._lock = threading.Lock()
+        self._db = Reconnecting(connect, Database.close)
         self._next_purge = 0.0
 
     def claim(self, token_id: str, expires_at: float) -> bool:
@@ -46,7 +42,7 @@ class DatabaseUsedTokens:
             )
             return bool(rows)
 
-        return self._with_db(insert)
+        return self._db.run(insert)
 
     def unclaim(self, token_id: str) -> None:
         """The call the claim was for did not open: the token may open one again."""
@@ -54,40 +50,16 @@ class DatabaseUsedTokens:
         def delete(db: Database) -> None:
             db.execute("DELETE FROM used_call_tokens WHERE token_id = ?", (token_id,))
 
-        self._with_db(delete)
+        self._db.run(delete)
 
     def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        self._db.close()
 
     def _purge_if_due(self, db: Database) -> None:
         now = time.time()
         if now >= self._next_purge:
             self._next_purge = now + PURGE_EVERY_S
             db.execute("DELETE FROM used_call_tokens WHERE expires_at < ?", (now - PURGE_MARGIN_S,))
-
-    def _with_db(self, operation: Callable[[Database], T]) -> T:
-        """Run `operation` on the connection, once more on a new one when the old one failed (the database
-        restarted); DatabaseError when that fails too."""
-        with self._lock:
-            for attempt in (1, 2):
-                try:
-                    if self._db is None:
-                        self._db = self._connect()
-                    return operation(self._db)
-                except DatabaseError:
-                    self._drop()
-                    if attempt == 2:
-                        raise
-        raise AssertionError("unreachable")
-
-    def _drop(self) -> None:
-        db, self._db = self._db, None
-        if db is not None:
-            with contextlib.suppress(Exception):  # a connection already broken may fail to close too
-                db.close()
 
 
 def shared_used_tokens(database: str) -> DatabaseUsedTokens | None:
