@@ -119,8 +119,8 @@ async def get_call(request: web.Request) -> web.Response:
 async def drain(request: web.Request) -> web.Response:
     """Take no new call here (readiness 503, SIP 503) and let live ones finish: a pod's preStop hook
     (`parley drain`) calls this, then waits for `calls` to reach 0."""
+    require_json(request)  # first: whatever the credentials, a form or text/plain body is refused
     authorise(request)
-    require_json(request)
     runtime = request.app[RUNTIME]
     runtime.drain()
     return web.json_response({"draining": True, "calls": len(runtime.registry.active())})
@@ -164,8 +164,8 @@ async def call_events(request: web.Request) -> web.StreamResponse:
 
 async def dial_sip(request: web.Request) -> web.Response:
     """`{"to": "sip:user@host:port"}`: the agent calls out; 202 with the call's id while it rings."""
+    require_json(request)  # first: whatever the credentials, a form or text/plain body is refused
     authorise(request)
-    require_json(request)
     ua = request.app.get(SIP)
     if ua is None:
         raise ApiError(409, "SIP is off (--sip off)")

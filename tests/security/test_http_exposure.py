@@ -134,6 +134,16 @@ async def test_a_cross_site_text_plain_post_cannot_drain_the_instance(start: Sta
     await service.still_serves()
 
 
+async def test_a_body_that_is_not_json_gets_415_whatever_the_credentials(start: Start) -> None:
+    service = await start(token="api-token-0123456789")
+    for path in ("/api/drain", "/api/calls/sip"):
+        refused = await service.client.post(path, data=b"{}", headers={"Content-Type": "text/plain"})
+        assert "application/json" in await error_of(refused, 415)
+        unauthorised = await service.client.post(path, json={})
+        assert unauthorised.status == 401
+    assert (await service.client.get("/readyz")).status == 200  # not draining
+
+
 async def test_a_cross_site_text_plain_post_cannot_dial_out(start: Start) -> None:
     service = await start()
     peer = await service.wire()
