@@ -92,6 +92,7 @@ async def test_a_pause_mid_sentence_gives_one_reply(service: Service) -> None:
     assert metric_value(service.metrics_text(), "parley_turn_revisions_total") > revisions
 
 
+@pytest.mark.slow  # tests/unit/test_unfinished.py covers the hold; this is the same over a real call
 async def test_a_long_pause_after_an_unfinished_phrase_gives_one_reply(service: Service) -> None:
     # 900 ms after "to": longer than the end of turn and grace (550 ms), so only the hold for a transcript
     # that stops mid-sentence (pipeline/unfinished.py) keeps the first half's reply from being heard.

@@ -12,6 +12,7 @@ import contextlib
 import time
 from typing import cast
 
+from parley.app import RUNTIME
 from parley.transports.sip.message import SipResponse, parse_message
 from parley.transports.sip.uri import SipError
 from tests.security.conftest import LOCAL, Service, Start, eventually
@@ -379,6 +380,12 @@ async def test_one_source_cannot_hold_every_sip_line(start: Start) -> None:
     assert refused.status == 503, refused.status
     wire.send(first.request("BYE"))
     assert (await wire.final(method="BYE", call_id=first.call_id, timeout=5.0)).status == 200
+    registry = service.client.app[RUNTIME].registry
+
+    async def line_released() -> bool:  # the line is the caller's again once the call has ended
+        return not registry.active()
+
+    await eventually(line_released, timeout=10.0, what="the first call ends after its BYE")
     await service.still_serves()
 
 

@@ -212,6 +212,7 @@ def test_incremental_decoding_never_splits_characters(llm: Ct2Llm) -> None:
     assert len(ids) > len([d for d in deltas if d])  # some multi-byte characters took several tokens
 
 
+@pytest.mark.slow  # the transformers runtime is not the default one; make test-all runs it
 def test_transformers_runtime_streams_and_stops() -> None:
     # The small packaged model: this checks the runtime, and its transformers folder is quick to build.
     engine = load_llm(Settings(llm_runtime="transformers", llm_model="smollm2-135m", llm_max_tokens=24))

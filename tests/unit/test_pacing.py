@@ -71,6 +71,7 @@ def test_each_sentence_is_synthesised_shortly_before_it_is_heard() -> None:
             assert began > due - 1.5 - 0.3, f"sentence {n + 1} was made {due - began:.2f} s ahead"
 
 
+@pytest.mark.slow  # the contrast to the lead test above; make test-all runs it
 def test_without_a_lead_the_whole_reply_is_made_at_once() -> None:
     heard_at, tts, _, done = play_a_long_reply(speak_ahead_ms=0)
     assert done["interrupted"] is False
