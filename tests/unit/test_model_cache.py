@@ -212,10 +212,31 @@ def test_a_joined_model_that_is_not_the_pinned_one_is_refused(
         cache._packaged_gguf(llm, tmp_path / "scratch")
 
 
+def test_a_model_with_a_part_not_installed_names_the_packages_to_install(tmp_path: Path) -> None:
+    llm = cache.PackagedLlm(
+        name="split",
+        packages=("json", "parley_no_such_part"),
+        files=("__init__.py", "data.bin"),
+        source="split-part1-2==1.0",
+    )
+
+    with pytest.raises(CacheError, match=r"split needs split-part1-2==1\.0 installed: .*parley_no_such_part"):
+        cache._packaged_gguf(llm, tmp_path)
+
+
 def test_the_packaged_llms_are_known_by_name() -> None:
-    assert {"qwen2.5-0.5b", "smollm2-135m"} <= set(cache.PACKAGED_LLMS)
-    pinned = cache.PACKAGED_LLMS["qwen2.5-0.5b"].gguf_sha256  # its packages ship no checksum of their own
-    assert pinned is not None and len(pinned) == 64
+    assert {"qwen2.5-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"} <= set(cache.PACKAGED_LLMS)
+    for name in ("qwen2.5-0.5b", "qwen2.5-coder-1.5b"):
+        pinned = cache.PACKAGED_LLMS[name].gguf_sha256  # their packages ship no checksum of their own
+        assert pinned is not None and len(pinned) == 64
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen2.5-coder-1.5b"])
+def test_every_part_of_a_split_llm_is_installed_and_they_add_up_to_its_file(name: str) -> None:
+    llm = cache.PACKAGED_LLMS[name]
+    parts = [cache.package_dir(module) / file for module, file in zip(llm.packages, llm.files, strict=True)]
+
+    assert sum(part.stat().st_size for part in parts) == llm.gguf_size
 
 
 def test_stt_model_names_resolve_to_packaged_folders_or_paths(whisper_cache: Path, tmp_path: Path) -> None:
