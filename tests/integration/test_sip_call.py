@@ -148,6 +148,7 @@ def test_the_agent_dials_a_softphone_and_it_hears_the_greeting(
 
 
 @pytest.mark.skipif(not can_play_pcap(), reason="SIPp's pcap play needs root or CAP_NET_RAW")
+@pytest.mark.slow  # make test-all; a softphone's keys and the unit tests cover DTMF and PCMA in make test
 def test_sipp_plays_its_pcma_pcap_with_rfc2833_digits_into_a_call(service: Service) -> None:
     digits_before = metric_value(service.metrics_text(), "parley_dtmf_digits_total", {"transport": "sip"})
     result = run_sipp("uac_pcap", sip_target(service), calls=1, timeout_s=60)

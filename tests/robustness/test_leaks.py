@@ -125,6 +125,7 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow  # make test-all; fifty SIPp calls check that calls leave nothing behind in make test
 def test_100_calls_come_and_go_and_leave_nothing_behind() -> None:
     # An idle executor thread of an earlier test's loop may linger a while (CI once counted 13 of 12).
     earlier = set(threading.enumerate())

@@ -229,6 +229,7 @@ def test_transformers_runtime_streams_and_stops() -> None:
     assert len(deltas) == 1
 
 
+@pytest.mark.slow  # the GPU path is not the CPU default; make test-all runs it
 def test_the_gpu_decoding_path_runs_on_the_cpu_with_the_same_code() -> None:
     # On CUDA the transformers runtime decodes with a static KV cache (captured in CUDA graphs); the same
     # code, with the device as a parameter, streams here, and gives the eager path's greedy reply.

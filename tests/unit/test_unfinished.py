@@ -133,6 +133,7 @@ def test_a_caller_who_pauses_after_for_gets_one_reply_to_the_whole_question() ->
     assert metrics.UNFINISHED_HOLDS_TOTAL._value.get() > holds
 
 
+@pytest.mark.slow  # the contrast to the test above; make test-all runs it
 def test_without_the_hold_the_same_pause_is_answered_half_way() -> None:
     # The path above is what kept the question whole: with the hold off, the first half is answered.
     events, heard_in_pause = _ask_with_a_long_pause(hold_ms=0)
