@@ -94,6 +94,7 @@ class ScriptedLlm:
         self.script = script
         self.prompts: list[list[Message]] = []
         self.offered: list[list[str]] = []
+        self.calls_allowed: list[bool] = []  # per prompt: whether the reply could call a tool
         self.stopped = threading.Event()
 
     def stream(
@@ -101,8 +102,11 @@ class ScriptedLlm:
         messages: list[Message],
         should_stop: Callable[[], bool],
         tools: list[dict[str, Any]] | None = None,
+        *,
+        calls: bool = True,
     ) -> Iterator[str | ToolCall]:
         self.prompts.append(messages)
+        self.calls_allowed.append(calls)
         self.offered.append([t["function"]["name"] for t in tools or []])
         if self.script is not None:
             turn = self.script[min(len(self.prompts) - 1, len(self.script) - 1)]
@@ -119,8 +123,8 @@ class ScriptedLlm:
                 self.stopped.set()
                 return
             time.sleep(self.token_s)
-            if isinstance(item, ToolCall) and not tools:
-                continue  # not offered tools: a model could not ask for one
+            if isinstance(item, ToolCall) and not (tools and calls):
+                continue  # not offered tools, or told to use none: a model could not ask for one
             yield item
 
 
@@ -215,9 +219,11 @@ class FaultyLlm(ScriptedLlm):
         messages: list[Message],
         should_stop: Callable[[], bool],
         tools: list[dict[str, Any]] | None = None,
+        *,
+        calls: bool = True,
     ) -> Iterator[str | ToolCall]:
         self.fault.strike("llm")
-        yield from super().stream(messages, should_stop, tools)
+        yield from super().stream(messages, should_stop, tools, calls=calls)
 
 
 class FaultyTts(ToneTts):

@@ -101,7 +101,9 @@ class Call:
         self.reopen = ReopenWindow(self.tracker)  # a turn can be reopened until its reply is heard
         self.scope = CancelScope()
         self.speculation = SpeculativeReplies()  # the reply started at a pause, before its turn ended
-        self.conversation = Conversation(settings.system_prompt, settings.history_turns)
+        self.conversation = Conversation(
+            settings.system_prompt, settings.history_turns, manners=settings.phone_manners
+        )
         self.replies = HeardReplies(self)  # what the caller hears of each reply, and its commit
         self.outbound = Outbound(outbound_rate, gate=self._may_play, listener=self.replies)
         self._listener: CallListener | None = None

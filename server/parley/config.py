@@ -19,9 +19,12 @@ ENV_ALIASES = {"cache_dir": "PARLEY_CACHE"}  # the name DESIGN.md gives the cach
 DATABASE_SCHEMES = ("postgresql://", "postgres://")
 
 # "Gladly tell stories...": without it Qwen2.5-Coder-0.5B refused one story request in three
-# ("I'm sorry, but I can't assist with that."); with it, none, and the same right answers.
+# ("I'm sorry, but I can't assist with that."); with it, none, and the same right answers. Not "a voice
+# assistant": the model called itself one in its non-answers ("As a voice assistant, I don't have ..."),
+# and without the words answered as many questions right (58 plain and phone-line questions, each as a
+# call's first and all in one conversation: 44 and 48 against 45 and 48; 2026-12-07).
 DEFAULT_SYSTEM_PROMPT = (
-    "You are Parley, a friendly voice assistant talking to a caller on the phone. Answer every question "
+    "You are Parley, answering the phone, friendly and quick. Answer every question "
     "directly and helpfully, and gladly tell stories, give recipes and recommendations. "
     "Reply in English, in one or two short spoken sentences. No lists, no markdown."
 )
@@ -133,7 +136,9 @@ class Settings(TurnSettings, SipSettings):
     llm_model: str = field(
         default="qwen2.5-0.5b",
         metadata=_opt(
-            "'qwen2.5-0.5b' or 'smollm2-135m' (packaged), a causal-LM hub name, or a local folder", "engines"
+            "'qwen2.5-0.5b', 'qwen2.5-coder-1.5b' or 'smollm2-135m' (packaged), a causal-LM hub name, "
+            "or a local folder",
+            "engines",
         ),
     )
     llm_runtime: str = field(
@@ -183,6 +188,16 @@ class Settings(TurnSettings, SipSettings):
     )
     greeting: str = field(
         default=DEFAULT_GREETING, metadata=_opt("said at call start ('' for none)", "agent")
+    )
+    # Off: on Qwen2.5-Coder-0.5B the manners and examples cost right answers (58 questions in one
+    # conversation: 43 against 48) for fewer refusals the reply guard catches anyway (see agent/manners.py).
+    phone_manners: bool = field(
+        default=False,
+        metadata=_opt(
+            "open every agent's prompt with the phone manners and worked examples of agent/manners.py "
+            "('off': the agent's prompt alone, e.g. for an endpoint whose template takes one system message)",
+            "agent",
+        ),
     )
     history_turns: int = field(
         default=3,

@@ -169,6 +169,13 @@ TOOL_CALLS_TOTAL = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+REPLIES_REGENERATED_TOTAL = Counter(
+    "parley_replies_regenerated_total",
+    "Replies written again before any of them was heard, by the failure shape their first sentence had "
+    "(refusal, condolence, non_answer: talk about itself)",
+    ["reason"],
+    registry=REGISTRY,
+)
 LLM_PROMPT_TOKENS_TOTAL = Counter(
     "parley_llm_prompt_tokens_total",
     "Prompt tokens of replies the in-process llama.cpp LLM found kept from the conversation's last turn "

@@ -36,8 +36,8 @@ from tests.security.agent_calls import Backend, answered_call, hang_up, speak
 from tests.security.conftest import Service, Start, eventually
 
 NUMBER = "+15551234567"
-SPOKEN = "my card number is SPOKEN-9921"
-ARGUMENT = "ARG-4417"
+SPOKEN = "my card number is SPOKEN-9921, order 4417"
+ARGUMENT = "ARG-4417"  # a number the caller said: the reply guard asks again for a call with one nobody said
 RESULT = "RESULT-7731"
 REPLY = "Your order ZEBRA-REPLY has shipped."
 SECRET = "call-token-secret-0123456789"

@@ -250,7 +250,9 @@ def test_a_caller_who_says_wait_gets_the_floor_not_a_reply(yield_phrase: str) ->
             assert llm.prompts == []  # the model was not asked
             assert call.details()["transcript"][0]["agent"] == "Sure, go ahead."
         else:
-            assert done["text"] == "I'm sorry, but I can't assist with that." and len(llm.prompts) == 1
+            # The model was asked (and, its reply being a refusal, asked once more by the reply guard).
+            assert done["text"] == "I'm sorry, but I can't assist with that."
+            assert llm.prompts and llm.prompts[0][-1] == {"role": "user", "content": "Uh, wait."}
     finally:
         line.stop()
         call.end("test_over")

@@ -135,6 +135,39 @@ def test_replies_decoded_together_say_what_each_says_alone(llm: LlamaCppLlm) -> 
         assert together_text.split()[:4] == alone_text.split()[:4], (together_text, alone_text)
 
 
+def test_a_reply_writing_a_tool_call_and_one_speaking_beside_it_are_each_held_to_their_own(
+    llm: LlamaCppLlm,
+) -> None:
+    from parley.bench.tools import SYSTEM_PROMPT, TOOLS
+    from parley.engines.toolcalls import ToolCall
+
+    order: list[Message] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": "Please cancel my order 445566."},
+    ]
+    spoken_alone = "".join(llm.stream(ROME, never))
+    out: dict[str, list[str | ToolCall]] = {}
+    barrier = threading.Barrier(2)
+
+    def ask(name: str, messages: list[Message], tools: list[dict[str, object]] | None) -> None:
+        barrier.wait()
+        out[name] = list(llm.stream(messages, never, tools=tools))
+
+    threads = [
+        threading.Thread(target=ask, args=("call", order, TOOLS)),
+        threading.Thread(target=ask, args=("spoken", ROME, None)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    calls = [d for d in out["call"] if isinstance(d, ToolCall)]
+    assert [(c.name, c.arguments) for c in calls] == [("cancel_order", '{"number": "445566"}')]
+    spoken = "".join(d for d in out["spoken"] if isinstance(d, str))
+    assert spoken.split()[:4] == spoken_alone.split()[:4], (spoken, spoken_alone)
+
+
 def test_a_new_conversation_copies_the_shared_system_prompt_from_a_reply_being_decoded(
     llm: LlamaCppLlm,
 ) -> None:

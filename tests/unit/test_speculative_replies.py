@@ -39,10 +39,12 @@ class TimedLlm(ScriptedLlm):
         messages: list[Message],
         should_stop: Callable[[], bool],
         tools: list[dict[str, Any]] | None = None,
+        *,
+        calls: bool = True,
     ) -> Iterator[str | ToolCall]:
         self.asked_at.append(time.monotonic())
         self.due_at.append(due_by()())
-        return super().stream(messages, should_stop, tools)
+        return super().stream(messages, should_stop, tools, calls=calls)
 
 
 class StampedLine(Line):

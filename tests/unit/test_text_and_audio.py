@@ -7,7 +7,7 @@ import numpy as np
 from parley.audio import FrameSplitter, StreamResampler, first_channel, resample, rms_dbfs
 from parley.pipeline.history import Conversation, whole_sentences
 from parley.pipeline.queues import QueueClosed, StageQueue
-from parley.pipeline.segmenter import ReplySegmenter, clean_for_speech
+from parley.pipeline.segmenter import ReplySegmenter, clean_for_speech, split_sentences
 
 
 def test_stereo_48k_frames_become_16k_mono_without_losing_time() -> None:
@@ -205,13 +205,14 @@ def test_a_first_piece_ends_on_its_mark_without_waiting_for_the_next_token() -> 
         ["A spider has eight legs."],
     )
     assert first_piece_after(["Yes", "!", " It"]) == (2, ["Yes!"])
-    # After a number or an abbreviation, the mark may be the inside of a word: the next token decides.
+    # After a number, the mark may be the inside of a word: the next token decides. A title's or an
+    # initial's full stop ends nothing.
     assert first_piece_after(["It", " is", " 1", ",", "0", "0", "0", " miles", "."]) == (
         9,
         ["It is 1,000 miles."],
     )
-    assert first_piece_after(["Ask", " Dr", ".", " Lee", "."]) == (4, ["Ask Dr."])
-    assert first_piece_after(["Try", " e", ".g", ".", " tea", "."]) == (5, ["Try e.g."])
+    assert first_piece_after(["Ask", " Dr", ".", " Lee", "."]) == (5, ["Ask Dr. Lee."])
+    assert first_piece_after(["Try", " e", ".g", ".", " tea", "."]) == (6, ["Try e.g. tea."])
     # The rest of an ellipsis whose first full stop closed the piece is not spoken on its own.
     segmenter = ReplySegmenter()
     pieces = [p for token in ["Well", ".", "..", " maybe", "."] for p in segmenter.push(token)]
@@ -249,4 +250,25 @@ def test_running_dry_a_later_piece_is_cut_at_its_first_break_or_after_a_few_word
         "Sure!",
         "One two three",
         "and five six seven.",
+    ]
+
+
+def test_an_initial_or_a_title_does_not_end_a_sentence() -> None:
+    # Qwen2.5-Coder-1.5B's recommendation was cut at "by F." by the two-sentence limit.
+    reply = (
+        'Sure! I recommend "The Great Gatsby" by F. Scott Fitzgerald. Ask Dr. Seuss, e.g. tomorrow. '
+        "I said no. So do I."
+    )
+    assert split_sentences(reply) == [
+        "Sure!",
+        'I recommend "The Great Gatsby" by F. Scott Fitzgerald.',
+        "Ask Dr. Seuss, e.g. tomorrow.",
+        "I said no.",
+        "So do I.",
+    ]
+    segmenter = ReplySegmenter()
+    pieces = [p for token in reply.split(" ") for p in segmenter.push(token + " ")] + segmenter.flush()
+    assert pieces[1:3] == [
+        'I recommend "The Great Gatsby" by F. Scott Fitzgerald.',
+        "Ask Dr. Seuss, e.g. tomorrow.",
     ]

@@ -14,6 +14,8 @@ import soundfile
 from parley.audio import PIPELINE_RATE, resample, trim_silence
 
 if TYPE_CHECKING:
+    from piper import PiperVoice
+
     from parley.engines.tts import PiperTts
 
 
@@ -42,10 +44,13 @@ def espeak(text: str, *, voice: str = ESPEAK_VOICE, words_per_minute: int = 150)
     return resample(np.asarray(data, dtype=np.int16), int(rate), PIPELINE_RATE)
 
 
-def piper(text: str, *, voice: str = "joe") -> np.ndarray:
+def piper(text: str, *, voice: str = "joe", steady: bool = False) -> np.ndarray:
     """Speak `text` with a Piper voice (the packaged one by default): more of a person's intonation than
     espeak-ng's, which an end-of-turn model listens to. Piper draws its prosody at random: a phrase is
-    not spoken the same way twice."""
+    not spoken the same way twice, unless `steady` (its noise at 0), when what Whisper hears of it is
+    the same in every run."""
+    if steady:
+        return _steady_piper(text, voice)
     from parley.engines.tts import PiperTts
 
     tts = _piper_voices.get(voice) or _piper_voices.setdefault(voice, PiperTts(voice))
@@ -53,7 +58,23 @@ def piper(text: str, *, voice: str = "joe") -> np.ndarray:
     return resample(audio, tts.sample_rate, PIPELINE_RATE)
 
 
+def _steady_piper(text: str, voice: str) -> np.ndarray:
+    # Piper's own voice, not the agent's engine (which takes the voice's noise from its config).
+    from piper import PiperVoice
+    from piper.config import SynthesisConfig
+
+    from parley.engines.tts import voice_files
+
+    plain = _steady_voices.get(voice)
+    if plain is None:
+        plain = _steady_voices[voice] = PiperVoice.load(*voice_files(voice))
+    chunks = plain.synthesize(text, SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0))
+    audio = np.concatenate([np.asarray(c.audio_int16_array, dtype=np.int16).reshape(-1) for c in chunks])
+    return resample(audio, int(plain.config.sample_rate), PIPELINE_RATE)
+
+
 _piper_voices: dict[str, PiperTts] = {}
+_steady_voices: dict[str, PiperVoice] = {}
 
 
 def write_wav(path: str | Path, pcm: np.ndarray, rate: int = PIPELINE_RATE) -> None:

@@ -1,9 +1,12 @@
 """Tool calling: does the model pick the right tool with the right arguments, and none when none is needed?
 
-A fixed set of requests to an order desk agent, asked of the LLM engine directly (no audio): requests
-that need a tool (a lookup, a cancellation, a transfer, a goodbye) and requests that must not call one.
-Per request: the tool asked for, its arguments, and the time from the request to the tool call. Runs
-the local default model, or an OpenAI-compatible endpoint with `--llm-url`.
+A fixed set of requests to an order desk agent, asked of the LLM engine as the LLM stage asks it (through
+the reply guard, which asks once more for a call with a made-up number; no audio): requests that need a
+tool (a lookup, a cancellation, a transfer, a goodbye) and requests that must not call one. Per request:
+the tool asked for, its arguments, whether the call is well-formed (an offered tool, its arguments valid
+for that tool's schema), any JSON that was left in the spoken text, the time from the request to the
+tool call, and whether the guard had the reply written again. Runs the local default model, or an
+OpenAI-compatible endpoint with `--llm-url`.
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
+
+import jsonschema
 
 from parley.bench import percentiles, progress
 from parley.config import Settings
 from parley.engines.llm import Message, load_llm
 from parley.engines.toolcalls import ToolCall
+from parley.pipeline.reply_guard import guarded_stream
 
 NAME = "tools"
 HELP = "tool calls: right tool and arguments, none when not needed, time to the call"
@@ -70,18 +77,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="times each request is asked (default 1)")
 
 
-def ask(llm: Any, question: str) -> tuple[ToolCall | None, str, float | None]:
+def ask(
+    llm: Any, question: str, on_regenerate: Callable[[str], None] | None = None
+) -> tuple[ToolCall | None, str, float | None]:
     messages: list[Message] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": question},
     ]
     started = time.perf_counter()
     text: list[str] = []
-    for delta in llm.stream(messages, should_stop=lambda: False, tools=TOOLS):
+    for delta in guarded_stream(llm, messages, lambda: False, TOOLS, on_regenerate=on_regenerate):
         if isinstance(delta, ToolCall):
             return delta, "".join(text), time.perf_counter() - started
         text.append(delta)
     return None, "".join(text), None
+
+
+def well_formed(call: ToolCall) -> bool:
+    """Whether `call` names an offered tool, with arguments valid for that tool's schema."""
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+    if call.name not in schemas:
+        return False
+    try:
+        jsonschema.validate(json.loads(call.arguments or "{}"), schemas[call.name])
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
 
 
 def right_arguments(call: ToolCall, expected: dict[str, str]) -> bool:
@@ -103,7 +124,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for _ in range(args.rounds):
         for question, tool, expected in CASES:
-            call, said, seconds = ask(llm, question)
+            guarded: list[str] = []
+            call, said, seconds = ask(llm, question, guarded.append)
             row = {
                 "question": question,
                 "expected": tool,
@@ -113,8 +135,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "right_arguments": bool(
                     call and tool and call.name == tool and right_arguments(call, expected)
                 ),
+                "well_formed": bool(call and well_formed(call)),
+                "json_spoken": "{" in said or "```" in said,
                 "to_tool_call_s": None if seconds is None else round(seconds, 3),
                 "said": said.strip()[:120],
+                "written_again": guarded[0] if guarded else None,
             }
             rows.append(row)
             progress(f"{question!r}: called {row['called']} {row['arguments'] or ''} (expected {tool})")
@@ -123,11 +148,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         close()
     needing = [r for r in rows if r["expected"]]
     not_needing = [r for r in rows if not r["expected"]]
+    called = [r for r in rows if r["called"] is not None]
     summary = {
         "model": args.llm_url or args.llm_model or settings.llm_model,
         "right tool (requests needing one)": f"{sum(r['right_tool'] for r in needing)}/{len(needing)}",
         "right arguments": f"{sum(r['right_arguments'] for r in needing)}/{len(needing)}",
         "no call when none is needed": f"{sum(r['called'] is None for r in not_needing)}/{len(not_needing)}",
+        "well-formed calls": f"{sum(r['well_formed'] for r in called)}/{len(called)}",
+        "replies with JSON in the spoken text": f"{sum(r['json_spoken'] for r in rows)}/{len(rows)}",
+        "first replies the guard had written again": (
+            f"{sum(bool(r['written_again']) for r in rows)}/{len(rows)}"
+        ),
         "request -> tool call (s)": percentiles(
             [r["to_tool_call_s"] for r in needing if r["to_tool_call_s"]]
         ),

@@ -137,12 +137,17 @@ class DeadlineStt(_Wrapped):
 
 class DeadlineLlm(_Wrapped):
     def stream(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: Tools | None = None,
+        *,
+        calls: bool = True,
     ) -> Iterator[str | ToolCall]:
         llm: LlmEngine = self.inner
 
         def produce(abandoned: Callable[[], bool]) -> Iterator[str | ToolCall]:
-            return llm.stream(messages, lambda: abandoned() or should_stop(), tools)
+            return llm.stream(messages, lambda: abandoned() or should_stop(), tools, calls=calls)
 
         return stream_with_deadline("llm", self.timeout_s, produce)
 

@@ -2,6 +2,12 @@
 APIs): the reply streamed as server-sent events, tools offered as `tools` and asked for as streamed
 `tool_calls`. The standard library only: it runs in a stage thread, not on the event loop, and a stop
 cuts the socket so that even a stalled server releases the thread at once.
+
+A server parses its model's calls only in the format it expects: llama.cpp's server (with `--jinja`)
+looks for the chat template's tags, and Qwen2.5-Coder-0.5B behind it wrote fenced JSON, or the call's
+JSON alone, which came back as text to be spoken. When the server returns no `tool_calls`, the calls
+the model wrote in its text (`<tool_call>` tags; a fenced block, or a reply that is only JSON, naming an
+offered tool) are taken from it (engines/toolcalls.py) and never spoken.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from parley.engines.llm import ENDPOINT_TIMEOUT_S, LlmError, Message, Tools
-from parley.engines.toolcalls import ToolCall, ToolCallAccumulator
+from parley.engines.toolcalls import TaggedToolCalls, ToolCall, ToolCallAccumulator
 
 
 class OpenAiLlm:
@@ -65,7 +71,12 @@ class OpenAiLlm:
         return cls(self._parts.hostname or "", self._parts.port, timeout=self.timeout)
 
     def stream(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: Tools | None = None,
+        *,
+        calls: bool = True,
     ) -> Iterator[str | ToolCall]:
         if should_stop():
             return
@@ -78,6 +89,8 @@ class OpenAiLlm:
         }
         if tools:
             request["tools"] = tools
+            if not calls:
+                request["tool_choice"] = "none"
         body = json.dumps(request).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self._api_key:
@@ -96,7 +109,9 @@ class OpenAiLlm:
             if response.status != 200:
                 detail = response.read(2000).decode("utf-8", "replace").strip()
                 raise LlmError(f"{self.url}: HTTP {response.status} {response.reason}: {detail}")
-            yield from self._events(response, should_stop)
+            for delta in self._events(response, should_stop, tools):
+                if calls or not isinstance(delta, ToolCall):  # a server may not heed tool_choice
+                    yield delta
         except (OSError, http.client.HTTPException) as exc:
             if should_stop():
                 return
@@ -118,12 +133,27 @@ class OpenAiLlm:
                 return
 
     def _events(
-        self, response: http.client.HTTPResponse, should_stop: Callable[[], bool]
+        self, response: http.client.HTTPResponse, should_stop: Callable[[], bool], tools: Tools | None
     ) -> Iterator[str | ToolCall]:
         calls = ToolCallAccumulator()
-        yield from self._deltas(response, should_stop, calls)
+        if not tools:
+            yield from self._deltas(response, should_stop, calls)
+            if not should_stop():
+                yield from calls.calls()
+            return
+        offered = [str((tool.get("function") or {}).get("name") or "") for tool in tools]
+        written = TaggedToolCalls(offered)
+        in_text: list[ToolCall] = []
+        for delta in self._deltas(response, should_stop, calls):
+            text, found = written.push(delta)
+            in_text += found
+            if text:
+                yield text
+        text, found = written.flush()
+        if text and not should_stop():
+            yield text
         if not should_stop():
-            yield from calls.calls()
+            yield from calls.calls() or [*in_text, *found]
 
     def _deltas(
         self, response: http.client.HTTPResponse, should_stop: Callable[[], bool], calls: ToolCallAccumulator

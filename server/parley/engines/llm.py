@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from parley.agent.manners import prompt_start
 from parley.config import Settings
 from parley.engines.cache import PACKAGED_LLMS, llm_ct2_dir, llm_gguf, llm_hf_source
 from parley.engines.device import cpu_threads, prefer_avx512_for_ctranslate2, resolve_device
@@ -43,9 +44,16 @@ class LlmEngine(Protocol):
     stage then windows the history so that each prompt begins with the previous one."""
 
     def stream(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: Tools | None = None,
+        *,
+        calls: bool = True,
     ) -> Iterator[str | ToolCall]:
-        """Reply text as it comes, and the tools the model asks for (when it was offered `tools`)."""
+        """Reply text as it comes, and the tools the model asks for (when it was offered `tools`).
+        `calls=False`: the tools stay in the prompt (as the conversation's other prompts have them), but
+        this reply is words only."""
         ...
 
 
@@ -129,12 +137,23 @@ class LocalLlm:
     """A model run here (not an endpoint): its text, with the tool calls its chat template asks for."""
 
     def stream(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None = None
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: Tools | None = None,
+        *,
+        calls: bool = True,
     ) -> Iterator[str | ToolCall]:
-        return with_tagged_tool_calls(self._text(messages, should_stop, tools), tools)
+        deltas = with_tagged_tool_calls(self._text(messages, should_stop, tools, calls), tools)
+        # A runtime that cannot keep the model from writing a call has it taken out of the words.
+        return deltas if calls else (d for d in deltas if not isinstance(d, ToolCall))
 
     def _text(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: Tools | None,
+        calls: bool = True,
     ) -> Iterator[str]:
         raise NotImplementedError
 
@@ -297,7 +316,11 @@ class Ct2Llm(LocalLlm):
         return {"sampling_topk": SAMPLING_TOPK, "sampling_temperature": self.temperature}
 
     def _text(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: Tools | None,
+        calls: bool = True,
     ) -> Iterator[str]:
         if should_stop():
             return
@@ -374,8 +397,8 @@ def load_llm(settings: Settings) -> LlmEngine:
             max_tokens=settings.llm_max_tokens,
             temperature=settings.llm_temperature,
         )
-        if settings.system_prompt:
-            start: list[Message] = [{"role": "system", "content": settings.system_prompt}]
+        if settings.system_prompt or settings.phone_manners:
+            start = prompt_start(settings.system_prompt, manners=settings.phone_manners)
             if settings.greeting:
                 start.append({"role": "assistant", "content": settings.greeting})
             engine.warm(start)

@@ -93,7 +93,11 @@ class BatchedCt2Llm(Ct2Llm):
     # caller side
 
     def _text(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: Tools | None,
+        calls: bool = True,
     ) -> Iterator[str]:
         if should_stop():
             return

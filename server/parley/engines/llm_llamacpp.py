@@ -45,8 +45,6 @@ from parley.engines.llamacpp_model import (
     place,
 )
 from parley.engines.llm import (
-    REPETITION_PENALTY,
-    SAMPLING_TOPK,
     STEPS_DONE,
     ChatTokenizer,
     LlmError,
@@ -55,7 +53,8 @@ from parley.engines.llm import (
     Tools,
     deltas_from_steps,
 )
-from parley.engines.repeats import penalise_copies
+from parley.engines.token_choice import TokenChooser, end_call
+from parley.engines.tool_grammar import ToolCallGrammar, grammar_for
 from parley.engines.urgency import due_by, held_by
 from parley.log import event
 
@@ -68,7 +67,6 @@ MAX_POSITION = 16384  # half of Qwen2.5's trained context: positions beyond stay
 # A reply whose caller has not taken this many of its tokens sits the next step out: a caller who reads
 # on keeps far ahead of it (a step is ~40 ms), one who waits pauses its reply within a token or two.
 HOLD_AHEAD = 2
-PENALTY_WINDOW = 64  # the reply's last tokens that the repetition penalty looks at
 SAME_DUE_S = 0.05  # replies due this close together share a step (see _most_urgent)
 READ_AHEAD_DUE_S = 1.0  # the opening of a caller's next turn is read before replies due later than this
 
@@ -92,6 +90,10 @@ class _Request:
     due: Callable[[], float] = field(default_factory=due_by)
     # Whether its caller wants it to wait (engines/urgency.py, `HELD`): while its first piece is voiced.
     held: Callable[[], bool] = field(default_factory=held_by)
+    tool_grammar: str | None = None  # what a call to the offered tools may be (engines/tool_grammar.py)
+    call: ToolCallGrammar | None = None  # the tool call being written, held to that grammar
+    called: bool = False  # it opened a tool call
+    words_only: bool = False  # offered tools that it may not call this time
 
 
 def _most_urgent(ready: list[_Request]) -> list[_Request]:
@@ -130,13 +132,21 @@ class LlamaCppLlm(LocalLlm):
         self.temperature = temperature
         self._chat = ChatTokenizer(tokenizer_dir)
         self._next_turn_opening = self._chat.next_turn_opening()
-        self._ends = frozenset(self._chat.end_ids | self._chat.sentence_end_ids)  # never a copy's penalty
         # 0: every core, or one while Whisper or Piper computes (see _threads)
         self._fixed_threads = threads
         self._threads_now = threads or cpu_threads()
         self._model = LlamaCppModel(gguf, sequences=max(1, sequences), threads=self._threads_now)
         self._sequences = [Sequence(i) for i in range(max(1, sequences))]
-        self._rng = np.random.default_rng(seed)
+        self._chooser = TokenChooser(
+            self._model.lc,
+            self._model.vocab,
+            end_ids=self._chat.end_ids,
+            sentence_end_ids=self._chat.sentence_end_ids,
+            tag_ids=self._chat.tag_ids,
+            token_texts=self._chat.tokenizer.get_vocab(),
+            temperature=temperature,
+            seed=seed,
+        )
         self._condition = threading.Condition()
         self._waiting: list[_Request] = []
         self._active: list[_Request] = []
@@ -147,7 +157,11 @@ class LlamaCppLlm(LocalLlm):
     # caller side
 
     def _text(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: Tools | None,
+        calls: bool = True,
     ) -> Iterator[str]:
         if should_stop():
             return
@@ -159,7 +173,8 @@ class LlamaCppLlm(LocalLlm):
             for m in messages
             if m.get("role") == "assistant" and isinstance(m.get("content"), str)
         ]
-        request = self._ask(prompt, self.max_tokens, earlier)
+        grammar = grammar_for(tools) if tools and calls else None
+        request = self._ask(prompt, self.max_tokens, earlier, grammar, words_only=bool(tools) and not calls)
 
         def asking_to_stop() -> bool:
             # While its caller waits in there (the LLM stage waits for its first audio), the reply sits
@@ -179,8 +194,18 @@ class LlamaCppLlm(LocalLlm):
             with self._condition:
                 self._condition.notify()
 
-    def _ask(self, prompt: list[int], limit: int, earlier: list[list[int]] | None = None) -> _Request:
-        request = _Request(prompt, limit, earlier=earlier or [])
+    def _ask(
+        self,
+        prompt: list[int],
+        limit: int,
+        earlier: list[list[int]] | None = None,
+        tool_grammar: str | None = None,
+        *,
+        words_only: bool = False,
+    ) -> _Request:
+        request = _Request(
+            prompt, limit, earlier=earlier or [], tool_grammar=tool_grammar, words_only=words_only
+        )
         with self._condition:
             if self._closed:
                 raise LlmError("the LLM engine is closed")
@@ -219,6 +244,7 @@ class LlamaCppLlm(LocalLlm):
                 left = self._waiting + self._active
                 self._waiting, self._active = [], []
             for request in left:
+                end_call(request)
                 request.steps.put(LlmError("the LLM engine is closed"))
 
     def _next_step(self) -> bool:
@@ -253,6 +279,7 @@ class LlamaCppLlm(LocalLlm):
         """The reply is over: its sequence keeps what it read (the next turn starts with it)."""
         if request in self._active:
             self._active.remove(request)
+        end_call(request)
         sequence = request.sequence
         if sequence is not None:
             sequence.request = None
@@ -363,7 +390,7 @@ class LlamaCppLlm(LocalLlm):
             with self._condition:
                 self._release(request)
             return
-        token = self._sample(logits, request.said, request.earlier)
+        token = self._chooser.next_token(request, logits)
         if not request.said:
             event(
                 log,
@@ -394,23 +421,10 @@ class LlamaCppLlm(LocalLlm):
         sequence, opening = request.sequence, self._next_turn_opening
         if sequence is None or not opening or request.said[-1:] != opening[:1]:
             return
-        if any(token in self._chat.tag_ids for token in request.said):
+        if request.called or any(token in self._chat.tag_ids for token in request.said):
             return
         due = time.monotonic() + READ_AHEAD_DUE_S
         self._waiting.append(_Request(sequence.tokens + opening, limit=0, due=lambda: due))
-
-    def _sample(self, logits: np.ndarray, said: list[int], earlier: list[list[int]]) -> int:
-        scores = logits.astype(np.float32, copy=True)
-        penalise_copies(scores, said, earlier, self._ends)  # not another turn's reply (engines/repeats.py)
-        if said and REPETITION_PENALTY != 1.0:
-            seen = np.unique(np.asarray(said[-PENALTY_WINDOW:], dtype=np.int64))
-            values = scores[seen]
-            scores[seen] = np.where(values > 0, values / REPETITION_PENALTY, values * REPETITION_PENALTY)
-        if self.temperature <= 0:
-            return int(scores.argmax())
-        top = np.argpartition(scores, -SAMPLING_TOPK)[-SAMPLING_TOPK:]
-        weights = np.exp((scores[top] - scores[top].max()) / self.temperature)
-        return int(self._rng.choice(top, p=weights / weights.sum()))
 
     def _fail(self, requests: list[_Request], error: LlmError) -> None:
         event(log, "llm_decode_failed", logging.ERROR, error=str(error), replies=len(requests))

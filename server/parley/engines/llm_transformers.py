@@ -59,7 +59,11 @@ class TransformersLlm(LocalLlm):
         self._lock = threading.Lock()
 
     def _text(
-        self, messages: list[Message], should_stop: Callable[[], bool], tools: Tools | None
+        self,
+        messages: list[Message],
+        should_stop: Callable[[], bool],
+        tools: Tools | None,
+        calls: bool = True,
     ) -> Iterator[str]:
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer

@@ -6,11 +6,17 @@
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in its text; `TaggedToolCalls` takes those
   out of the text stream as they complete and passes every other character through at once (holding
   back only what could be the start of a tag).
+- Models also write a call as a fenced JSON block (```json {"name": ...} ```: Qwen2.5-Coder-0.5B behind
+  llama.cpp's server, which left it in the text), or as the reply's JSON alone. `TaggedToolCalls` takes
+  those too, when they name a tool (one of those offered, when it is told their names); any other
+  fenced block is spoken as written.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +39,9 @@ class ToolCall:
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
+FENCE = "```"
+_OPENERS = (OPEN_TAG, FENCE)
+_LANGUAGE = re.compile(r"[A-Za-z_]*\s*")  # what may follow a fence's opening: ```json, ```tool_call
 
 
 @dataclass
@@ -66,11 +75,17 @@ class ToolCallAccumulator:
 
 
 class TaggedToolCalls:
-    """Splits a text stream into spoken text and `<tool_call>` blocks."""
+    """Splits a text stream into spoken text and the tool calls written in it.
 
-    def __init__(self) -> None:
+    `<tool_call>` blocks are calls, and so are a fenced block whose JSON is a call and a reply that is
+    nothing but a call's JSON; given `offered` (the names of the tools offered), those two only when
+    they call one of them.
+    """
+
+    def __init__(self, offered: Collection[str] | None = None) -> None:
+        self._offered = frozenset(offered) if offered is not None else None
         self._buffer = ""
-        self._inside = False
+        self._inside = ""  # the opener of the block being read ("": none)
         self._count = 0
         self._started = False
         self._bare = False  # the reply began with "{": maybe a call written without its tags
@@ -82,28 +97,30 @@ class TaggedToolCalls:
             # Small models (and runtimes that drop the tags as special tokens) sometimes write the call's
             # JSON alone. Nobody wants a JSON blob read aloud: hold such a reply until it is whole.
             self._bare = delta.lstrip().startswith("{")
-        if self._bare:
-            self._buffer += delta
-            return "", []
         self._buffer += delta
+        if self._bare:
+            return "", []
         spoken: list[str] = []
         calls: list[ToolCall] = []
         while self._buffer:
             if self._inside:
-                end = self._buffer.find(CLOSE_TAG)
+                close = CLOSE_TAG if self._inside == OPEN_TAG else FENCE
+                end = self._buffer.find(close)
                 if end < 0:
                     break
-                calls.append(self._call(self._buffer[:end]))
-                self._buffer = self._buffer[end + len(CLOSE_TAG) :]
-                self._inside = False
+                text, calls_in = self._block(self._buffer[:end])
+                spoken.append(text)
+                calls += calls_in
+                self._buffer = self._buffer[end + len(close) :]
+                self._inside = ""
                 continue
-            start = self._buffer.find(OPEN_TAG)
-            if start >= 0:
+            found = [(at, opener) for opener in _OPENERS if (at := self._buffer.find(opener)) >= 0]
+            if found:
+                start, self._inside = min(found)
                 spoken.append(self._buffer[:start])
-                self._buffer = self._buffer[start + len(OPEN_TAG) :]
-                self._inside = True
+                self._buffer = self._buffer[start + len(self._inside) :]
                 continue
-            keep = _partial_tag_suffix(self._buffer)
+            keep = max(_partial_tag_suffix(self._buffer, opener) for opener in _OPENERS)
             spoken.append(self._buffer[: len(self._buffer) - keep])
             self._buffer = self._buffer[len(self._buffer) - keep :]
             break
@@ -113,13 +130,34 @@ class TaggedToolCalls:
         """At the end of the stream: an unclosed block still counts as a call if its JSON is whole."""
         rest, self._buffer = self._buffer, ""
         if self._bare:
-            call = self._call(rest)
-            return ("", [call]) if call.name else (rest, [])
+            calls = self._written(rest)
+            return ("", calls) if calls else (rest, [])
         if self._inside:
-            self._inside = False
-            call = self._call(rest)
-            return "", [call] if call.name else []
+            return self._block(rest)
         return rest, []
+
+    def _block(self, body: str) -> tuple[str, list[ToolCall]]:
+        """(text to speak, calls) for the inside of a block that has ended."""
+        opener, self._inside = self._inside, ""
+        if opener == OPEN_TAG:
+            call = self._call(body)
+            return "", [call] if call.name or self._offered is None else []
+        language = _LANGUAGE.match(body)
+        code = body[language.end() if language else 0 :]
+        calls = self._written(code.replace(OPEN_TAG, "").replace(CLOSE_TAG, ""))
+        return ("", calls) if calls else (FENCE + body + FENCE, [])
+
+    def _written(self, text: str) -> list[ToolCall]:
+        """The calls `text` (JSON: a call, or a list of calls) makes to offered tools; [] if any is not."""
+        try:
+            data = json.loads(text.strip())
+        except ValueError:
+            return []
+        calls = [self._call(json.dumps(item)) for item in (data if isinstance(data, list) else [data])]
+        offered = self._offered
+        if not calls or not all(c.name and (offered is None or c.name in offered) for c in calls):
+            return []
+        return calls
 
     def _call(self, text: str) -> ToolCall:
         self._count += 1
@@ -135,9 +173,9 @@ class TaggedToolCalls:
         return ToolCall(call_id, str(data.get("name") or ""), arguments_text)
 
 
-def _partial_tag_suffix(text: str) -> int:
-    """How many trailing characters could be the beginning of OPEN_TAG."""
-    for size in range(min(len(OPEN_TAG) - 1, len(text)), 0, -1):
-        if OPEN_TAG.startswith(text[-size:]):
+def _partial_tag_suffix(text: str, opener: str) -> int:
+    """How many trailing characters could be the beginning of `opener`."""
+    for size in range(min(len(opener) - 1, len(text)), 0, -1):
+        if opener.startswith(text[-size:]):
             return size
     return 0

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from parley.agent.manners import prompt_start
 from parley.engines.llm import Message
 from parley.pipeline.segmenter import ends_sentence, split_sentences
 
@@ -73,8 +74,16 @@ def whole_sentences(text: str) -> str:
 class Conversation:
     """Thread-safe: stage threads add user text, the sender commits what was played."""
 
-    def __init__(self, system_prompt: str, max_turns_in_prompt: int = 12, max_records: int = 500) -> None:
+    def __init__(
+        self,
+        system_prompt: str,
+        max_turns_in_prompt: int = 12,
+        max_records: int = 500,
+        *,
+        manners: bool = False,
+    ) -> None:
         self.system_prompt = system_prompt
+        self.manners = manners  # the phone manners and worked examples before it (agent/manners.py)
         self.max_turns_in_prompt = max_turns_in_prompt
         self.max_records = max_records
         self._lock = threading.Lock()
@@ -119,7 +128,8 @@ class Conversation:
             return [{"turn_id": r.turn_id, **t} for r in self._turns.values() for t in r.tools]
 
     def messages_for(self, turn_id: str, *, stable_prefix: bool = False) -> list[Message]:
-        """The LLM prompt for answering `turn_id`: instructions, earlier turns as heard, then this turn.
+        """The LLM prompt for answering `turn_id`: the phone manners and worked examples, the agent's
+        instructions, earlier turns as heard, then this turn.
 
         The last `max_turns_in_prompt` earlier turns, or, with `stable_prefix`, a window whose start
         moves by that many turns at a time (it holds N to 2N-1 turns): each prompt then begins with the
@@ -135,7 +145,7 @@ class Conversation:
                     current = record
                     break
                 earlier.append(record)
-            messages: list[Message] = [{"role": "system", "content": self.system_prompt}]
+            messages: list[Message] = prompt_start(self.system_prompt, manners=self.manners)
             window = self.max_turns_in_prompt
             if stable_prefix and window > 0:
                 start = max(0, len(earlier) - window) // window * window

@@ -38,6 +38,7 @@ from parley.pipeline.backchannels import BackchannelJudge
 from parley.pipeline.messages import ReplyText, Response, Tag, Transcript
 from parley.pipeline.queues import StageQueue
 from parley.pipeline.reopening import ReopenWindow
+from parley.pipeline.reply_guard import guarded_stream
 from parley.pipeline.segmenter import ReplySegmenter, ends_sentence
 from parley.pipeline.stages import Stage, StageContext
 
@@ -261,7 +262,10 @@ class _Reply:
         model turn: "Let me check." before a tool and the answer after it are two turns."""
         calls: list[ToolCall] = []
         self.sentences_left = self.ctx.settings.max_reply_sentences
-        for delta in self.stage.llm.stream(messages, should_stop=self.should_stop, tools=tools):
+        deltas = guarded_stream(
+            self.stage.llm, messages, self.should_stop, tools, on_regenerate=self.regenerated
+        )
+        for delta in deltas:
             if self.response.llm_first_token_s is None:
                 self.response.mark("first_token")
                 self.response.llm_first_token_s = time.monotonic() - self.started
@@ -276,6 +280,16 @@ class _Reply:
             if self.over():
                 break
         return calls
+
+    def regenerated(self, reason: str) -> None:
+        self.response.mark("regenerated")
+        event(
+            log,
+            "reply_regenerated",
+            call_id=self.ctx.call_id,
+            turn_id=self.response.tag.turn_id,
+            reason=reason,
+        )
 
     def put(self, piece: str) -> None:
         if self.sentences_left <= 0:

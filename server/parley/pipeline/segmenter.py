@@ -21,6 +21,7 @@ last phrase opener or the last word.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s")
 _BOUNDARY = re.compile(r"(?P<sentence>[.!?…]+[\"')\]]*\s)|[,;:—–]\s")
@@ -48,10 +49,25 @@ LONG_PIECE_WORDS = 28
 HURRY_WORDS = 6  # running dry with no break in sight: this many words go out as they are
 
 
+def _inside_a_name(text: str, mark: int) -> bool:
+    """Whether the full stop at `mark` closes an initial or an abbreviation ("F. Scott Fitzgerald", "Dr.
+    Seuss", "e.g. tea"), not a sentence: Qwen2.5-Coder-1.5B's book recommendation was cut at "by F."."""
+    if text[mark] != ".":
+        return False
+    word = text[:mark].rsplit(None, 1)[-1] if text[:mark].strip() else ""
+    word = word.lstrip("\"'(")
+    initial = len(word) == 1 and word.isupper() and word != "I"
+    return initial or "." in word or (word.lower() in ABBREVIATIONS and word.lower() != "no")  # "I said no."
+
+
+def _sentence_ends(text: str) -> Iterator[re.Match[str]]:
+    return (m for m in _SENTENCE_END.finditer(text) if not _inside_a_name(text, m.start()))
+
+
 def split_sentences(text: str) -> list[str]:
     """A piece of reply text as its sentences (the last one may lack its full stop)."""
     sentences, start = [], 0
-    for end in _SENTENCE_END.finditer(text + " "):
+    for end in _sentence_ends(text + " "):
         sentences.append(text[start : end.end()].strip())
         start = end.end()
     rest = text[start:].strip()
@@ -104,6 +120,8 @@ class ReplySegmenter:
     def _find_cut(self, hurry: bool) -> int | None:
         if self._pieces_out == 0 or hurry:
             for boundary in _BOUNDARY.finditer(self._buffer):
+                if boundary.group("sentence") and _inside_a_name(self._buffer, boundary.start()):
+                    continue
                 end = boundary.end()
                 if boundary.group("sentence") or len(self._buffer[:end].split()) >= FIRST_CLAUSE_MIN_WORDS:
                     return end
@@ -116,7 +134,7 @@ class ReplySegmenter:
             if hurry and self._pieces_out > 0:
                 return self._hurried_cut()
         else:
-            sentence = _SENTENCE_END.search(self._buffer)
+            sentence = next(_sentence_ends(self._buffer), None)
             if sentence is not None:
                 return sentence.end()
         words = self._buffer.split()

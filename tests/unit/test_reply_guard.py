@@ -1,0 +1,262 @@
+"""A reply that opens as a refusal, condolences out of nowhere or talk about itself is written again before
+the caller hears a word of it; a real answer goes out as it is written, and a cancelled reply stays
+cancelled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from parley import metrics
+from parley.agent.agentfile import Agent
+from parley.call import Call
+from parley.config import Settings
+from parley.engines.llm import Message
+from parley.engines.toolcalls import ToolCall
+from parley.pipeline.reply_guard import (
+    NUDGE,
+    Asked,
+    OpeningCheck,
+    Reason,
+    failure_shape,
+    guarded_stream,
+)
+from tests.doubles import ScriptedLlm, ScriptedStt, loud, make_engines, quiet
+from tests.unit.test_call import RATE, Line
+
+BOOK = "Can you recommend a good book to read?"
+ANSWER = "Try To Kill a Mockingbird by Harper Lee."
+CANNOT = "I don't have the ability to recommend books."
+
+
+def words(text: str) -> list[str | ToolCall]:
+    return [word + " " for word in text.split(" ")]
+
+
+def ask(question: str) -> list[Message]:
+    return [{"role": "system", "content": "You answer the phone."}, {"role": "user", "content": question}]
+
+
+def regenerated(reason: Reason) -> float:
+    return metrics.REPLIES_REGENERATED_TOTAL.labels(reason=reason)._value.get()  # prometheus_client's
+
+
+def reply(llm: ScriptedLlm, question: str = BOOK, should_stop: Callable[[], bool] = lambda: False) -> str:
+    fired: list[Reason] = []
+    text = "".join(
+        str(d) for d in guarded_stream(llm, ask(question), should_stop, on_regenerate=fired.append)
+    )
+    return text.strip()
+
+
+@pytest.mark.parametrize(
+    ("first", "reason"),
+    [
+        ("I'm sorry, but I can't assist with that.", "refusal"),
+        (f"I'm sorry for your loss, but as a voice assistant, {CANNOT}", "condolence"),
+        ("As a voice assistant, I don't have personal preferences.", "non_answer"),
+        ("I am unable to recommend books.", "refusal"),
+        ("As Parley, I don't have personal experiences or emotions.", "refusal"),
+    ],
+)
+def test_a_reply_of_a_failure_shape_is_asked_again_and_only_the_second_is_given(
+    first: str, reason: Reason
+) -> None:
+    llm = ScriptedLlm(token_s=0.0, script=[words(first), words(ANSWER)])
+    before = regenerated(reason)
+    assert reply(llm) == ANSWER
+    assert regenerated(reason) == before + 1
+    assert len(llm.prompts) == 2
+    assert llm.prompts[1] == [*llm.prompts[0], {"role": "system", "content": NUDGE}]
+
+
+def test_the_second_reply_is_given_whatever_it_is() -> None:
+    refusal = "I'm sorry, but I can't assist with that."
+    llm = ScriptedLlm(token_s=0.0, script=[words(refusal)])  # the same refusal again
+    assert reply(llm) == refusal
+    assert len(llm.prompts) == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        ANSWER,
+        "The capital of France is Paris.",
+        "I'd recommend Pride and Prejudice.",
+        "I'm sorry, we're closed on Sundays.",  # an apology that answers
+        "Sorry, I didn't catch that. Could you say it again?",
+        "I can recommend The Hobbit.",
+        "As soon as you like.",
+    ],
+)
+def test_a_real_answer_is_given_as_written_and_the_model_asked_once(answer: str) -> None:
+    llm = ScriptedLlm(token_s=0.0, reply=answer)
+    assert reply(llm) == answer
+    assert len(llm.prompts) == 1
+
+
+@pytest.mark.parametrize(
+    ("caller", "answer"),
+    [
+        ("My dog died yesterday.", "I'm so sorry for your loss. Losing a dog is hard."),
+        ("Am I talking to a real person?", "I'm an AI assistant, but I can help with most things."),
+    ],
+)
+def test_a_shape_the_caller_asked_for_is_kept(caller: str, answer: str) -> None:
+    llm = ScriptedLlm(token_s=0.0, reply=answer)
+    assert reply(llm, caller) == answer
+    assert len(llm.prompts) == 1
+
+
+def test_a_reply_that_opens_otherwise_is_given_word_by_word_before_the_model_has_finished() -> None:
+    produced: list[str] = []
+
+    class Recording(ScriptedLlm):
+        def stream(self, *args: Any, **kwargs: Any) -> Iterator[str | ToolCall]:
+            for delta in super().stream(*args, **kwargs):
+                produced.append(str(delta))
+                yield delta
+
+    llm = Recording(token_s=0.0, reply="Paris is the capital of France.")
+    seen_when_given = [len(produced) for _ in guarded_stream(llm, ask("Capital of France?"), lambda: False)]
+    assert seen_when_given == [1, 2, 3, 4, 5, 6]
+
+
+def test_an_opening_is_held_only_while_it_could_still_become_a_failure_shape() -> None:
+    check = OpeningCheck()
+    assert [check.push(d) for d in ("I", "'m", " sorry", ",", " but", " I", " can", "'t", " do that. ")] == [
+        "hold", "hold", "hold", "hold", "hold", "hold", "hold", "hold", "refusal",
+    ]  # fmt: skip
+    check = OpeningCheck()
+    assert [check.push(d) for d in ("I", "'d", " say")] == ["hold", "speak", "speak"]
+    assert OpeningCheck().push("Sure") == "speak"
+
+
+def test_the_shapes_are_told_apart() -> None:
+    assert failure_shape("As an AI language model, I have no favourite colour.") == "non_answer"
+    assert failure_shape("I don't have personal preferences.") == "refusal"
+    assert failure_shape("Sorry, I can't tell you a story right now.") == "refusal"
+    assert failure_shape("My condolences.") == "condolence"
+    assert failure_shape("My condolences.", Asked("My grandmother passed away.")) is None
+    assert failure_shape("Sorry, we're fully booked on Friday.") is None
+
+
+@pytest.mark.parametrize(
+    "true_limit",
+    [
+        "As an AI language model, I don't have real-time weather data.",  # asked again, it made one up
+        "I'm sorry, but I can't book a table for you.",
+        "I'm sorry, but I can't give out the owner's personal number.",
+    ],
+)
+def test_a_refusal_that_names_what_the_agent_truly_cannot_do_is_kept(true_limit: str) -> None:
+    assert failure_shape(true_limit) is None
+
+
+def test_a_reply_cancelled_while_its_opening_is_held_is_not_asked_again() -> None:
+    asked = 0
+
+    def cancelled_after_three_words() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked > 3
+
+    llm = ScriptedLlm(token_s=0.0, script=[words("I'm sorry, but I can't help."), words(ANSWER)])
+    assert list(guarded_stream(llm, ask(BOOK), cancelled_after_three_words)) == []
+    assert len(llm.prompts) == 1
+
+
+def test_a_tool_call_in_the_opening_goes_out_with_the_words_before_it() -> None:
+    call = ToolCall("c1", "lookup_order", {"number": "42"})
+    llm = ScriptedLlm(token_s=0.0, script=[["I ", call], words("It has shipped.")])
+    tools = [{"type": "function", "function": {"name": "lookup_order", "parameters": {}}}]
+    given = list(guarded_stream(llm, ask("Where is order 42?"), lambda: False, tools))
+    assert given == ["I ", call] and len(llm.prompts) == 1
+
+
+def test_in_a_call_the_caller_hears_only_the_reply_written_again() -> None:
+    llm = ScriptedLlm(
+        token_s=0.01,
+        script=[words("I'm sorry for your loss, but as a voice assistant, I can't recommend books."),
+                words(ANSWER)],
+    )  # fmt: skip
+    stt = ScriptedStt(text_for=lambda seconds: BOOK if seconds > 0.25 else "")
+    config = Settings(greeting="", end_of_turn_ms=300, reopen_grace_ms=300)
+    agent = Agent(name="default", system_prompt="You answer the phone.", greeting="")
+    call = Call("c-guard", "test", config, make_engines(llm=llm, stt=stt), RATE, agent)
+    line = Line(call)
+    call.start()
+    line.start()
+    try:
+        line.say(np.concatenate([loud(600), quiet(500)]))
+        line.wait(lambda: line.event("agent_done") is not None)
+        done = line.event("agent_done")
+        assert done is not None and done["text"] == ANSWER
+        assert call.details()["transcript"][0]["agent"] == ANSWER
+    finally:
+        line.stop()
+        call.end("test_over")
+        assert call.join(5.0)
+
+
+@pytest.mark.parametrize(
+    ("rule", "question"),
+    [
+        ("Never give out the personal details of the staff or the owner.", "Can I have the owner's number?"),
+        ("Refunds are given only in the shop: we do not give refunds by phone.", "Can I get a refund now?"),
+    ],
+)
+def test_a_refusal_of_what_the_agent_file_forbids_is_kept(rule: str, question: str) -> None:
+    refusal = "I'm sorry, but I can't help with that."
+    messages: list[Message] = [
+        {"role": "system", "content": f"You are Maya at Kestrel Cycles. {rule}"},
+        {"role": "user", "content": question},
+    ]
+    llm = ScriptedLlm(token_s=0.0, reply=refusal)
+    assert "".join(map(str, guarded_stream(llm, messages, lambda: False))).strip() == refusal
+    assert len(llm.prompts) == 1
+    assert failure_shape(refusal, Asked("Can you recommend a book?", (rule,))) == "refusal"
+
+
+ORDER_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "lookup_order", "parameters": {}}},
+    {"type": "function", "function": {"name": "transfer", "parameters": {"enum": ["+15557654321"]}}},
+]
+
+
+def call_of(name: str, arguments: str) -> ToolCall:
+    return ToolCall("c1", name, arguments)
+
+
+def test_a_tool_call_with_a_number_nobody_said_is_asked_for_again_as_words() -> None:
+    # Qwen2.5-Coder called lookup_order with "12345" for "Hello, how are you today?"
+    made_up = call_of("lookup_order", '{"number": "12345"}')
+    llm = ScriptedLlm(token_s=0.0, script=[[made_up], words("What is your order number?")])
+    before = regenerated("invented_number")
+    given = list(guarded_stream(llm, ask("Where is my order?"), lambda: False, ORDER_TOOLS))
+    assert "".join(str(d) for d in given).strip() == "What is your order number?"
+    assert regenerated("invented_number") == before + 1
+    assert llm.prompts[1] == [*llm.prompts[0], {"role": "system", "content": NUDGE}]
+    # Asked again, the same made-up call would come back: the second reply is words only.
+    assert llm.calls_allowed == [True, False] and llm.offered[1] == ["lookup_order", "transfer"]
+
+
+@pytest.mark.parametrize(
+    ("caller", "arguments"),
+    [
+        ("Can you check on my order, the number is 778899?", '{"number": "778899"}'),
+        ("My order is seven seven eight, double nine.", '{"number": "77899"}'),
+        ("It's order 77 88 99.", '{"number": "778899"}'),
+        ("Call me back on 555-1234.", '{"phone": "5551234"}'),
+        ("Put me through to a person.", '{"destination": "+15557654321"}'),  # the tool's own enum
+        ("A table for 2 at 7 pm.", '{"people": 2, "time": "19:00"}'),  # short numbers are not checked
+    ],
+)
+def test_a_tool_call_with_the_callers_own_numbers_goes_out_at_once(caller: str, arguments: str) -> None:
+    call = call_of("lookup_order", arguments)
+    llm = ScriptedLlm(token_s=0.0, script=[[call]])
+    assert list(guarded_stream(llm, ask(caller), lambda: False, ORDER_TOOLS)) == [call]
+    assert len(llm.prompts) == 1
