@@ -260,7 +260,9 @@ class Call:
         for q in (self.vad_in, self.backchannel_in, self.turn_end_in, self.stt_in, self.llm_in, self.tts_in):
             if q is not None:
                 q.close()
-        self.outbound.flush()
+        # A hang-up cuts a reply as speech over it does: it is kept as far as the caller heard it.
+        for response in self.cut_replies(with_draft=True):
+            self.replies.commit(response, interrupted=True)
         self.outbound.push(EndOfCall(reason))
         self._set_state("ended")
         duration = time.time() - self.started_at
@@ -414,6 +416,18 @@ class Call:
         """`response` is the reply on its way now (the one a barge-in cuts)."""
         with self._lock:
             self._active = response
+
+    def cut_replies(self, *, with_draft: bool = False) -> list[Response]:
+        """Stop every reply on its way to the caller (its audio flushed, the active one taken): those cut,
+        each knowing what of it was heard. A draft for a turn still being spoken is left out (nothing of
+        it was heard, and the turn goes on) unless `with_draft` (the call is over)."""
+        draft = self.speculation.take()
+        cut = [r for r in self.outbound.flush() if r is not draft]
+        active = self.take_active()
+        for response in (active, draft if with_draft else None):
+            if response is not None and response not in cut and (with_draft or response is not draft):
+                cut.append(response)
+        return cut
 
     def take_active(self) -> Response | None:
         with self._lock:

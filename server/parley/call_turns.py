@@ -62,12 +62,8 @@ class TurnDecisions:
         had_audio = call.outbound.has_audio() and by == "speech"  # paused audio counts: the pause stopped it
         paused_at = call.outbound.pause()
         call.scope.cancel()
-        draft = call.speculation.take()  # a reply to a turn still being spoken: nothing of it was heard
-        cut = [r for r in call.outbound.flush() if r is not draft]
+        cut = call.cut_replies()
         call.flush_stage_queues()
-        active = call.take_active()
-        if active is not None and active not in cut and active is not draft:
-            cut.append(active)
         for response in cut:
             call.replies.commit(response, interrupted=True)
         stop_s = max(0.0, paused_at - onset_arrived_at)

@@ -123,6 +123,22 @@ def test_the_caller_interrupts_and_the_reply_stops_and_is_marked(call_and_line) 
     line.wait(lambda: len(call.details()["transcript"]) == 2)
 
 
+def test_a_caller_who_hangs_up_mid_reply_has_it_kept_as_far_as_it_was_heard(call_and_line) -> None:  # type: ignore[no-untyped-def]
+    # Phone callers who have heard enough hang up: the record kept "agent": "" and "pending" for such a
+    # reply, its heard part lost from the record and from call.ended.
+    call, line = call_and_line
+    call.engines.tts.seconds_per_word = 0.4  # type: ignore[attr-defined]
+    line.say(np.concatenate([loud(800), quiet(400)]))
+    line.wait(lambda: line.event("agent_text") is not None)
+    line.wait(line.playing)
+    time.sleep(0.5)  # some of it heard
+    call.end("hangup")
+    done = line.event("agent_done")
+    assert done is not None and done["interrupted"] is True and done["text"], done
+    first = call.details()["transcript"][0]
+    assert first["agent_state"] == "interrupted" and first["agent"] == done["text"]
+
+
 def test_a_pause_inside_the_grace_window_gives_one_reply(call_and_line) -> None:  # type: ignore[no-untyped-def]
     _, line = call_and_line
     line.say(np.concatenate([loud(600), quiet(400), loud(600), quiet(600)]))
