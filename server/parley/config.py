@@ -15,7 +15,7 @@ from parley.sip_settings import SipSettings
 from parley.turn_settings import TurnSettings
 
 ENV_PREFIX = "PARLEY_"
-ENV_ALIASES = {"cache_dir": "PARLEY_CACHE"}  # the name DESIGN.md gives the cache folder's variable
+ENV_ALIASES = {"cache_dir": "PARLEY_CACHE"}  # the cache folder's variable: PARLEY_CACHE
 DATABASE_SCHEMES = ("postgresql://", "postgres://")
 
 # "Gladly tell stories...": without it Qwen2.5-Coder-0.5B refused one story request in three

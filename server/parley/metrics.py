@@ -1,4 +1,4 @@
-"""Prometheus metrics, all in one place (prefix `parley_`). Names follow DESIGN.md "Metrics".
+"""Prometheus metrics, all in one place (prefix `parley_`), as the README's "Metrics" table lists them.
 
 Labels are bounded (transport, outcome, stage, reason, engine): never a call id, a turn id or a peer
 address. The label values a dashboard or an alert reads are created at import with a zero, so that a

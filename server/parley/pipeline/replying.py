@@ -1,6 +1,6 @@
 """The LLM stage: a reply, streamed to TTS piece by piece, and the tools the model asks for on the way.
 
-The loop (DESIGN.md "Agents that act"): stream the reply; when the model asks for tools, run each on the
+The loop (the README's "Make it act"): stream the reply; when the model asks for tools, run each on the
 tool workers (never on this thread), keep each call and its result in the turn's history, and stream
 again with the results. What a tool may do depends on whether the turn can still change:
 

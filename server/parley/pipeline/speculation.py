@@ -1,6 +1,6 @@
 """Speculative replies: a reply started at the turn's first pause, held until the turn has ended.
 
-At the first silent VAD chunk of a pause (DESIGN.md "Turn-taking", step 2, moved earlier) the call starts
+At the first silent VAD chunk of a pause (the README's "Turn-taking that feels like a person") the call starts
 the whole reply (STT, LLM, TTS) on the turn's audio so far, tagged with the turn's revision and the
 current cancel generation. That reply is a *draft* until the end-of-turn decision:
 
@@ -12,7 +12,7 @@ current cancel generation. That reply is a *draft* until the end-of-turn decisio
 A call has at most one draft (the next pause cannot come before the speech that cancels the last one),
 so the work speculation can waste is bounded by one reply per pause. While a draft is held, the
 Outbound's gate answers None for its tag, and the LLM stage does not run tools with side effects for it
-(`wait_ended`). The user's transcript event of a draft is held back with it, so a caller never sees the
+(`wait`). The user's transcript event of a draft is held back with it, so a caller never sees the
 transcript of half a turn.
 
 Thread-safe: the VAD thread starts, adopts and cancels drafts; the stage threads and the transport's
