@@ -172,7 +172,8 @@ class SipEndpoint:
     def _malformed(self, exc: SipError, peer: Peer, request: SipRequest | None = None) -> None:
         metrics.TRANSPORT_ERRORS_TOTAL.labels(transport="sip", reason="malformed").inc()
         event(log, "sip_malformed", logging.DEBUG, peer=f"{peer.host}:{peer.port}", error=str(exc))
-        request = request or exc.request
+        if request is None and isinstance(exc.request, SipRequest):
+            request = exc.request
         if request is None or request.method == "ACK":
             return  # nothing to answer to (RFC 3261 18.3: discard)
         with contextlib.suppress(SipError):

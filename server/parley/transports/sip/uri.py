@@ -11,10 +11,6 @@ import ipaddress
 import re
 import string
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from parley.transports.sip.message import SipRequest
 
 TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "-.!%*_+`'~")
 _UNRESERVED = string.ascii_letters + string.digits + "-_.!~*'()%"
@@ -33,12 +29,14 @@ _SENT_PROTOCOL = re.compile(r"\s*([^\s/]+)\s*/\s*([^\s/]+)\s*/\s*([^\s/;]+)\s+(.
 
 class SipError(ValueError):
     """Malformed SIP input. `status` is the response to answer with; `request`, when the message got far
-    enough to be answered (RFC 3261 8.2 and 18.3 ask for a 400 then), is what was parsed."""
+    enough to be answered (RFC 3261 8.2 and 18.3 ask for a 400 then), is the `SipRequest` parsed (typed
+    `object` here: the value types come before the messages that use them, and the endpoint that answers
+    it checks its type)."""
 
     status: int
-    request: SipRequest | None
+    request: object
 
-    def __init__(self, message: str, status: int = 400, request: SipRequest | None = None) -> None:
+    def __init__(self, message: str, status: int = 400, request: object = None) -> None:
         super().__init__(message)
         self.status = status
         self.request = request
