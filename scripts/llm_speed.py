@@ -20,7 +20,8 @@ from transformers import AutoTokenizer
 
 from parley.config import Settings
 from parley.engines.cache import llm_gguf
-from parley.engines.llm import LlmEngine, Message, load_llm
+from parley.engines.llm import LlmEngine, Message
+from parley.engines.llm_loading import load_llm
 
 QUESTIONS = (
     "What is the capital of France?",

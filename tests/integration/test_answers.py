@@ -11,8 +11,9 @@ from parley.bench.answer_sets import QUESTIONS, Question
 from parley.bench.answers import spoken_reply
 from parley.bench.verdicts import is_right, shapes
 from parley.config import Settings
-from parley.engines.llm import LlmEngine, load_llm
+from parley.engines.llm import LlmEngine
 from parley.engines.llm_llamacpp import LlamaCppLlm
+from parley.engines.llm_loading import load_llm
 from parley.pipeline.history import Conversation
 from parley.pipeline.reply_guard import guarded_stream
 from parley.pipeline.segmenter import split_sentences

@@ -9,8 +9,9 @@ import pytest
 from parley.config import DEFAULT_GREETING, DEFAULT_SYSTEM_PROMPT, Settings
 from parley.engines import prepare_models
 from parley.engines.cache import llm_gguf, verify_folder
-from parley.engines.llm import Message, load_llm
+from parley.engines.llm import Message
 from parley.engines.llm_llamacpp import LlamaCppLlm
+from parley.engines.llm_loading import load_llm
 
 MODEL = "qwen2.5-coder-1.5b"
 # Not the default model: ~20 s to load and answer on 2 cores, ~45 s more the first time (joined, checked

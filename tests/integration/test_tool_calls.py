@@ -15,7 +15,8 @@ import jsonschema
 import pytest
 
 from parley.config import Settings
-from parley.engines.llm import LlmEngine, Message, load_llm
+from parley.engines.llm import LlmEngine, Message
+from parley.engines.llm_loading import load_llm
 from parley.engines.toolcalls import ToolCall
 
 

@@ -18,15 +18,14 @@ from parley.config import DEFAULT_SYSTEM_PROMPT, Settings
 from parley.engines.cache import llm_hf_source
 from parley.engines.endpoint import OpenAiLlm
 from parley.engines.llm import (
-    MAX_STATIC_PROMPTS,
-    Ct2Llm,
+    IncrementalDecoder,
     LlmEngine,
     LlmError,
     Message,
-    _IncrementalDecoder,
-    load_llm,
 )
 from parley.engines.llm_batching import BatchedCt2Llm
+from parley.engines.llm_ct2 import MAX_STATIC_PROMPTS, Ct2Llm
+from parley.engines.llm_loading import load_llm
 from parley.engines.llm_transformers import TransformersLlm
 from tests.unit.test_engines_speech import normalise
 
@@ -203,7 +202,7 @@ def test_incremental_decoding_never_splits_characters(llm: Ct2Llm) -> None:
     tokenizer = llm._chat.tokenizer
     text = "Café au lait ☕, naïve 😀 日本語 — done."
     ids = tokenizer.encode(text, add_special_tokens=False)
-    decoder = _IncrementalDecoder(lambda chunk: tokenizer.decode(chunk))
+    decoder = IncrementalDecoder(lambda chunk: tokenizer.decode(chunk))
 
     deltas = [decoder.push(i) for i in ids]
 

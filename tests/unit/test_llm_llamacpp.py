@@ -15,8 +15,9 @@ from parley.config import DEFAULT_GREETING, DEFAULT_SYSTEM_PROMPT, Settings
 from parley.engines.cache import CacheError, llm_gguf, verify_folder
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads
-from parley.engines.llm import LlmError, Message, load_llm
+from parley.engines.llm import LlmError, Message
 from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm, _most_urgent, _Request
+from parley.engines.llm_loading import load_llm
 from parley.engines.urgency import HELD, URGENCY
 from parley.settings_sources import SettingsError, validate
 from tests.unit.test_engines_llm import BOOK, HELLO, looks_english, never, replies_asked_together

@@ -166,7 +166,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     sets = chosen_sets(args.set)
     if args.spoken:
         return await _spoken(args, sets)
-    from parley.engines.llm import load_llm
+    from parley.engines.llm_loading import load_llm
 
     flags = [*args.server_arg, *([f"--llm-model={args.llm_model}"] if args.llm_model else [])]
     settings = settings_from_flags(flags)

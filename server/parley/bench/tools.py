@@ -21,7 +21,8 @@ import jsonschema
 
 from parley.bench import percentiles, progress
 from parley.config import Settings
-from parley.engines.llm import Message, load_llm
+from parley.engines.llm import Message
+from parley.engines.llm_loading import load_llm
 from parley.engines.toolcalls import ToolCall
 from parley.pipeline.reply_guard import guarded_stream
 

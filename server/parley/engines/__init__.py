@@ -17,7 +17,8 @@ from typing import TypeVar
 from parley.config import Settings
 from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source
 from parley.engines.device import resolve_device, single_threaded_blas
-from parley.engines.llm import LlmEngine, llm_runtime, load_llm
+from parley.engines.llm import LlmEngine
+from parley.engines.llm_loading import llm_runtime, load_llm
 from parley.engines.stt import SttEngine, load_stt
 from parley.engines.tts import TtsEngine, load_tts, voice_files
 from parley.engines.turn_end import SmartTurn, load_turn_end, turn_model_path

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from parley.engines.llamacpp_model import requantize_to_q4_0
 from parley.log import event
 
 log = logging.getLogger(__name__)
@@ -357,9 +358,6 @@ def llm_gguf(cache_dir: Path, model: str, *, full: bool = False) -> tuple[Path, 
         def build(out: Path) -> None:
             gguf = _packaged_gguf(packaged, out)  # joined in `out`, or the package's own file
             if packaged.llamacpp_q4_0:
-                # Here, not at the top: llamacpp_model imports llm.py, which imports this module.
-                from parley.engines.llamacpp_model import requantize_to_q4_0
-
                 requantize_to_q4_0(gguf, out / GGUF_FILE)
                 if gguf.parent == out:
                     gguf.unlink()

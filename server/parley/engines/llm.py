@@ -1,4 +1,6 @@
-"""Reply generation: a local model (llama.cpp, CTranslate2 or transformers) or an OpenAI-compatible endpoint.
+"""Reply generation, what every LLM engine shares: the engine protocol and its message types, the chat
+tokenizer and the tool calls a local model writes in its text. The runtimes are modules of their own
+(llm_llamacpp, llm_ct2, llm_batching, llm_transformers, endpoint); llm_loading picks and loads one.
 
 Every engine streams text deltas and honours `should_stop` between tokens, so a barge-in stops the
 model itself, not only the reading of its output: the compute goes back to the other calls at once.
@@ -8,32 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from parley.agent.manners import prompt_start
-from parley.config import Settings
-from parley.engines.cache import PACKAGED_LLMS, llm_ct2_dir, llm_gguf, llm_hf_source
-from parley.engines.device import cpu_threads, prefer_avx512_for_ctranslate2, resolve_device
 from parley.engines.toolcalls import CLOSE_TAG, OPEN_TAG, TaggedToolCalls, ToolCall
-from parley.log import event
-
-log = logging.getLogger(__name__)
 
 Message = dict[str, Any]  # OpenAI chat format: role, content, and tool_calls / tool_call_id for tools
 
 REPETITION_PENALTY = 1.2  # without it the small default model repeats itself until max_tokens
 SAMPLING_TOPK = 40
 ENDPOINT_TIMEOUT_S = 30.0
-# CTranslate2 keeps the state of every static prompt it is given for the generator's life, ~170 KB per
-# token here (measured: 150 distinct ~180-token prompts grew the process by 5.4 GB). A system prompt that
-# names the call (an agent's {caller}, {call_id}, {now}) is a new one each call: only the first few
-# distinct system prompts are cached, the rest are computed with the turn (~30 ms more a reply).
-MAX_STATIC_PROMPTS = 4
 
 
 Tools = list[dict[str, Any]]  # OpenAI `tools` (type function, with a JSON Schema of parameters)
@@ -108,7 +97,7 @@ def _input_ids(encoded: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-class _IncrementalDecoder:
+class IncrementalDecoder:
     """Turns a stream of token ids into text deltas that never split a character or a word piece.
 
     It decodes a short window of recent ids twice (with and without the newest) and yields the
@@ -233,7 +222,7 @@ def deltas_from_steps(
     steps: queue.SimpleQueue[Any], should_stop: Callable[[], bool], chat: ChatTokenizer
 ) -> Iterator[str]:
     """Text deltas from the token ids a decoding thread puts in `steps` (then STEPS_DONE, or an error)."""
-    decoder = _IncrementalDecoder(chat.decode)
+    decoder = IncrementalDecoder(chat.decode)
     while True:
         try:
             step = steps.get(timeout=STEP_POLL_S)
@@ -251,173 +240,3 @@ def deltas_from_steps(
         delta = tag if tag is not None else decoder.push(step)
         if delta:
             yield delta
-
-
-class Ct2Llm(LocalLlm):
-    """LlmEngine over a CTranslate2 Generator; `workers` replies are generated in parallel."""
-
-    def __init__(
-        self,
-        model_dir: Path,
-        *,
-        device: str = "cpu",
-        workers: int = 2,
-        max_tokens: int = 80,
-        temperature: float = 0.0,
-    ) -> None:
-        if device == "cpu":
-            prefer_avx512_for_ctranslate2()
-        import ctranslate2
-
-        workers = max(1, workers)
-        self._chat = ChatTokenizer(model_dir)
-        self._generator = ctranslate2.Generator(
-            str(model_dir),
-            device=device,
-            compute_type="int8_float16" if device == "cuda" else "int8",
-            inter_threads=workers,
-            intra_threads=cpu_threads(workers),
-        )
-        self.device = device
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self._static_prompts: set[tuple[int, ...]] = set()
-
-    def _prompt(self, messages: list[Message], tools: Tools | None = None) -> tuple[list[str], list[str]]:
-        """(static prompt, the rest): the system message's tokens, when the prompt starts with them.
-
-        CTranslate2 keeps the model state after a static prompt and starts the next generation from it:
-        measured here, the first token of a reply came ~30 ms sooner.
-        """
-        ids = self._chat.prompt_ids(messages, tools)
-        static: list[int] = []
-        if messages and messages[0]["role"] == "system":
-            static = self._chat.prompt_ids(messages[:1], tools, reply=False)
-            if ids[: len(static)] != static or len(static) == len(ids) or not self._cacheable(static):
-                static = []
-        tokens = self._chat.pieces(ids)
-        return tokens[: len(static)], tokens[len(static) :]
-
-    def _cacheable(self, static: list[int]) -> bool:
-        """Whether CTranslate2 may keep this static prompt's state (bounded: it never forgets one)."""
-        key = tuple(static)
-        if key in self._static_prompts:
-            return True
-        if len(self._static_prompts) >= MAX_STATIC_PROMPTS:
-            return False
-        self._static_prompts.add(key)
-        if len(self._static_prompts) == MAX_STATIC_PROMPTS:
-            event(log, "static_prompts_full", logging.INFO, cached=MAX_STATIC_PROMPTS)
-        return True
-
-    def _sampling(self) -> dict[str, Any]:
-        if self.temperature <= 0:
-            return {"sampling_topk": 1}
-        return {"sampling_topk": SAMPLING_TOPK, "sampling_temperature": self.temperature}
-
-    def _text(
-        self,
-        messages: list[Message],
-        should_stop: Callable[[], bool],
-        tools: Tools | None,
-        calls: bool = True,
-    ) -> Iterator[str]:
-        if should_stop():
-            return
-        static, prompt = self._prompt(messages, tools)
-        steps = self._generator.generate_tokens(
-            prompt,
-            static_prompt=static or None,
-            max_length=self.max_tokens,
-            repetition_penalty=REPETITION_PENALTY,
-            end_token=self._chat.end_tokens or None,
-            # Runs in CTranslate2's worker before each next token: stops the model even while the
-            # consumer is blocked elsewhere.
-            callback=lambda _step: should_stop(),
-            **self._sampling(),
-        )
-        decoder = _IncrementalDecoder(self._chat.decode)
-        try:
-            for step in steps:
-                if step.token_id in self._chat.end_ids or should_stop():
-                    break
-                tag = self._chat.tag_ids.get(step.token_id)
-                if tag is not None:
-                    yield tag
-                    continue
-                delta = decoder.push(step.token_id)
-                if delta:
-                    yield delta
-        finally:
-            steps.close()  # waits for the model to stop (at most one more token)
-
-
-def llm_runtime(settings: Settings, device: str) -> str:
-    """The runtime `--llm-runtime auto` means: llama.cpp on a CPU (it keeps each conversation, so a
-    turn reads only what is new), for the weights it takes (a packaged model or a .gguf file);
-    CTranslate2 on a GPU, or for a hub name or a transformers folder."""
-    if settings.llm_runtime != "auto":
-        return settings.llm_runtime
-    gguf = settings.llm_model in PACKAGED_LLMS or settings.llm_model.endswith(".gguf")
-    return "llamacpp" if device == "cpu" and gguf else "ctranslate2"
-
-
-def load_llm(settings: Settings) -> LlmEngine:
-    if settings.llm_url:
-        from parley.engines.endpoint import OpenAiLlm
-
-        return OpenAiLlm(
-            settings.llm_url,
-            model=settings.llm_endpoint_model,
-            api_key=settings.llm_api_key,
-            max_tokens=settings.llm_max_tokens,
-            temperature=settings.llm_temperature,
-        )
-    device = resolve_device(settings.device)
-    cache_dir = settings.resolved_cache_dir()
-    runtime = llm_runtime(settings, device)
-    if runtime == "transformers":
-        from parley.engines.llm_transformers import TransformersLlm
-
-        return TransformersLlm(
-            llm_hf_source(cache_dir, settings.llm_model),
-            device=device,
-            max_tokens=settings.llm_max_tokens,
-            temperature=settings.llm_temperature,
-        )
-    if runtime == "llamacpp":
-        from parley.engines.llm_llamacpp import LlamaCppLlm
-
-        gguf, tokenizer_dir = llm_gguf(cache_dir, settings.llm_model)
-        engine = LlamaCppLlm(
-            gguf,
-            tokenizer_dir,
-            threads=settings.llm_threads,
-            sequences=settings.llm_max_batch,
-            max_tokens=settings.llm_max_tokens,
-            temperature=settings.llm_temperature,
-        )
-        if settings.system_prompt or settings.phone_manners:
-            start = prompt_start(settings.system_prompt, manners=settings.phone_manners)
-            if settings.greeting:
-                start.append({"role": "assistant", "content": settings.greeting})
-            engine.warm(start)
-        return engine
-    if settings.llm_max_batch > 1:
-        from parley.engines.llm_batching import BatchedCt2Llm
-
-        return BatchedCt2Llm(
-            llm_ct2_dir(cache_dir, settings.llm_model),
-            device=device,
-            workers=settings.llm_workers,
-            max_tokens=settings.llm_max_tokens,
-            temperature=settings.llm_temperature,
-            max_batch=settings.llm_max_batch,
-        )
-    return Ct2Llm(
-        llm_ct2_dir(cache_dir, settings.llm_model),
-        device=device,
-        workers=settings.llm_workers,
-        max_tokens=settings.llm_max_tokens,
-        temperature=settings.llm_temperature,
-    )

@@ -33,12 +33,12 @@ from typing import Any
 from parley.engines.llm import (
     REPETITION_PENALTY,
     STEPS_DONE,
-    Ct2Llm,
     LlmError,
     Message,
     Tools,
     deltas_from_steps,
 )
+from parley.engines.llm_ct2 import Ct2Llm
 from parley.log import event
 
 log = logging.getLogger(__name__)
