@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from parley.agent.agentfile import Agent, default_agent
 from parley.agent.tools import ToolRunner
 from parley.agent.variables import CALLER, SERVICE_NAMES, TOKEN, Source, Variables, spoken, system_prompt
 from parley.audio import PIPELINE_RATE, StreamResampler
-from parley.call_actions import AgentActions
+from parley.call_actions import AgentActions, Line
 from parley.call_replies import GREETING_KEY, HeardReplies
 from parley.call_turns import TurnDecisions
 from parley.config import Settings
@@ -57,9 +57,6 @@ from parley.pipeline.tts_stage import TtsStage
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import TurnTaker
 from parley.pipeline.vad_stage import VadInbox, VadStage
-
-if TYPE_CHECKING:
-    from parley.transports.base import LineControl
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +108,7 @@ class Call:
         # Where the call's events for the team's backend go (tool.called, call.transferred); set by the
         # events outbox when --events-url is set.
         self.publish: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
-        self.line: LineControl | None = None
+        self.line: Line | None = None
         self.tool_runner: ToolRunner | None = None  # the process's tool workers, once the call is opened
         self.actions = AgentActions(self)  # what the agent may do to its line, once a transport has it
         self._watchers: list[Callable[[dict[str, Any]], None]] = []

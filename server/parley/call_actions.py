@@ -9,20 +9,30 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from parley.agent.tools import ToolFailed
 from parley.log import event
 
 if TYPE_CHECKING:
     from parley.call import Call
-    from parley.transports.base import LineControl
 
 log = logging.getLogger(__name__)
 
 TRANSFER_NOTICE_WAIT_S = 8.0  # "I'll put you through" is heard before the transfer starts
 TRANSFER_TIMEOUT_S = 35.0  # the far end rings before it answers; a REFER's final NOTIFY takes that long
 DTMF_TIMEOUT_S = 10.0
+
+
+class Line(Protocol):
+    """What the agent may do to its call's line, from any thread (a transport's `LineControl`, which
+    runs each action on the event loop; the blocking forms wait for its outcome)."""
+
+    def hang_up(self, reason: str) -> None: ...
+
+    def transfer(self, destination: str, timeout_s: float) -> None: ...
+
+    def send_dtmf(self, digits: str, timeout_s: float) -> None: ...
 
 
 class AgentActions:
@@ -50,7 +60,7 @@ class AgentActions:
         except Exception as exc:
             raise ToolFailed(str(exc) or "the digits could not be sent") from None
 
-    def _line(self) -> LineControl:
+    def _line(self) -> Line:
         line = self.call.line
         if line is None or self.call.ended:
             raise ToolFailed("the call has no line to act on")
