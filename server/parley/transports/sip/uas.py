@@ -14,30 +14,30 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from parley import metrics
 from parley.agent.agentfile import header_variable
 from parley.agent.templates import MAX_VALUE_CHARS
 from parley.agent.variables import CALLER
 from parley.call import Call
+from parley.config import Settings
 from parley.log import event
 from parley.ratelimit import Source
-from parley.runtime import CallRefused
+from parley.runtime import CallRefused, Runtime
 from parley.transports.base import CallSetupFailed, HangUp, open_call
-from parley.transports.sip.dialog import Dialog
-from parley.transports.sip.digest import Verdict
-from parley.transports.sip.leg import SIP_RATE, SipLeg
+from parley.transports.sip.admission import SipAdmission
+from parley.transports.sip.dialog import Dialog, DialogId
+from parley.transports.sip.digest import DigestAuthenticator, Verdict
+from parley.transports.sip.leg import SIP_RATE, LegOwner, SipLeg
 from parley.transports.sip.media import RtpStream
 from parley.transports.sip.message import SipRequest, make_response
 from parley.transports.sip.sdes import key_if_secure
 from parley.transports.sip.sdp import MediaNotEncrypted, SdpError, answer, parse_sdp
-from parley.transports.sip.transactions import Peer, ServerTransaction
+from parley.transports.sip.transactions import Key, Peer, ServerTransaction
 from parley.transports.sip.uri import SipError, SipUri
-
-if TYPE_CHECKING:
-    from parley.transports.sip.useragent import SipUserAgent
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,29 @@ class Setup:
     cancelled: asyncio.Event
 
 
-def receive_invite(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
+class Answerer(LegOwner, Protocol):
+    """What answering an INVITE needs of the user agent (useragent.py's `SipUserAgent`)."""
+
+    settings: Settings
+    runtime: Runtime
+    admission: SipAdmission
+    auth: DigestAuthenticator | None
+    public_host: str
+    legs: dict[DialogId, SipLeg]
+    setups: dict[Key, Setup]  # INVITEs being answered, for a CANCEL
+
+    def check_setup(self, source: Peer) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+    async def open_rtp(self, call: Call, signalling: str | None) -> RtpStream: ...
+
+    def contact(self, transport: str, target: str = "") -> str: ...
+
+    def sent_by(self, transport: str = "UDP") -> str: ...
+
+
+def receive_invite(ua: Answerer, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
     """A new call's INVITE (no To-tag): refused at once, or answered in a task of the user agent."""
     try:
         ua.check_setup(source)  # per source, or for --sip-allow trunks one limit they share
@@ -70,7 +92,7 @@ def receive_invite(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest,
     ua.spawn(_answer(ua, tx, request, source))
 
 
-def _authorised(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest, source: Peer) -> bool:
+def _authorised(ua: Answerer, tx: ServerTransaction, request: SipRequest, source: Peer) -> bool:
     """Digest (22.4): the nonce is issued to the request's source address, and only answers from there."""
     if ua.auth is None:
         return True
@@ -87,7 +109,7 @@ def _authorised(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest, so
     return False
 
 
-async def _answer(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
+async def _answer(ua: Answerer, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
     content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
     if not request.body:
         tx.respond(488, headers=(warning("an SDP offer in the INVITE is required"),))
@@ -132,7 +154,7 @@ async def _answer(ua: SipUserAgent, tx: ServerTransaction, request: SipRequest, 
         ua.setups.pop(tx.key, None)
 
 
-def _answering(ua: SipUserAgent, setup: Setup, request: SipRequest, offer: Any, source: Peer) -> Any:
+def _answering(ua: Answerer, setup: Setup, request: SipRequest, offer: Any, source: Peer) -> Any:
     async def connect(call: Call, hang_up: HangUp) -> SipLeg:
         call.caller = str(request.from_addr.uri)
         call.called = str(request.to_addr.uri)
@@ -154,7 +176,7 @@ def _answering(ua: SipUserAgent, setup: Setup, request: SipRequest, offer: Any, 
 
 
 async def _connect_answered(
-    ua: SipUserAgent,
+    ua: Answerer,
     call: Call,
     hang_up: HangUp,
     setup: Setup,
