@@ -33,13 +33,13 @@ import numpy as np
 
 from parley import metrics
 from parley.audio import PIPELINE_RATE, rms_dbfs
-from parley.config import Settings
 from parley.engines.stt import Transcription
 from parley.pipeline.backchannels import is_lone_filler
 from parley.pipeline.messages import BargeVerdict, TurnEndVerdict
 from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.turn_state import BackchannelCheck, ClosedTurn, Mode, Segment, TurnControl
 from parley.pipeline.turns import SpeculativeTurnTracker
+from parley.turn_settings import TurnSettings
 
 NEGATIVE_THRESHOLD_GAP = 0.15  # hysteresis: speech ends below threshold - gap (as silero's own iterator)
 UNDECIDED_LIMIT_MS = 2000.0  # a candidate stuck between speech and silence is resolved after this
@@ -48,7 +48,7 @@ UNDECIDED_LIMIT_MS = 2000.0  # a candidate stuck between speech and silence is r
 class TurnTaker:
     def __init__(
         self,
-        settings: Settings,
+        settings: TurnSettings,
         tracker: SpeculativeTurnTracker,
         control: TurnControl,
         chunk_ms: float,
