@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -60,6 +60,12 @@ from parley.pipeline.vad_stage import VadInbox, VadStage
 
 log = logging.getLogger(__name__)
 
+# What the caller's page and /api/calls show of a call. A transport sets the first ones (dialing,
+# ringing) before the call starts; the turns and replies set the rest; "ended" is for good.
+CallState = Literal[
+    "starting", "dialing", "ringing", "listening", "user_speaking", "thinking", "agent_speaking", "ended"
+]
+
 
 class CallListener(Protocol):
     """What a call tells its transport; called from any thread, must not block."""
@@ -87,7 +93,7 @@ class Call:
         self.settings = settings
         self.engines = engines
         self.started_at = time.time()
-        self.state = "starting"
+        self.state: CallState = "starting"
         self.end_reason: str | None = None
         self.caller = ""  # who calls (a SIP From URI, a phone number), when the transport knows
         self.called = ""  # who was called (the SIP request-URI / To, the number dialled)
@@ -358,11 +364,11 @@ class Call:
             except Exception:
                 log.exception("event_delivery_failed", extra={"call_id": self.call_id})
 
-    def set_state(self, state: str) -> None:
-        """A transport's word on the call before it starts (e.g. "dialing", "ringing")."""
+    def set_state(self, state: CallState) -> None:
+        """The call's state as its turns, its replies or its transport (before it starts) see it."""
         self._set_state(state)
 
-    def _set_state(self, state: str) -> None:
+    def _set_state(self, state: CallState) -> None:
         if self.state != state and (state == "ended" or self.state != "ended"):
             self.state = state
             self.emit({"type": "state", "state": state})
