@@ -1,4 +1,5 @@
-"""Shared fixtures: the real service in a child process, and Whisper to check what callers heard."""
+"""Shared fixtures: the real service in a child process, and Whisper to check what callers heard; a
+throw-away PostgreSQL cluster and a records database of each kind come from tests/postgres.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from parley.bench.service import Service
 from parley.config import Settings
 from parley.engines.stt import SttEngine
+
+pytest_plugins = ["tests.postgres"]  # its `cluster` and `database` fixtures
 
 
 @pytest.fixture(scope="session", autouse=True)

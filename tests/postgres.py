@@ -13,7 +13,10 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from parley.bench.service import free_port
 
@@ -84,3 +87,25 @@ class PostgresCluster:
         finally:
             self.started = False
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PostgresCluster]:
+    """A throw-away PostgreSQL cluster for a test module (import it, with `database`, where needed)."""
+    server = PostgresCluster()
+    try:
+        server.start()
+    except Exception:
+        server.stop()
+        raise
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
+    """(the --database setting, the --data-dir) of an empty records database, in each kind."""
+    if request.param == "sqlite":
+        return "", tmp_path
+    server: PostgresCluster = request.getfixturevalue("cluster")
+    return server.new_database(), tmp_path

@@ -8,7 +8,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,6 @@ from parley.records.store import CallInfo, RecordStore
 from parley.runtime import Runtime
 from parley.transports.base import HangUp, open_call
 from tests.doubles import ToneTts, loud, make_engines, quiet
-from tests.postgres import PostgresCluster
 
 RATE = 16000
 FRAME = 320
@@ -93,27 +92,6 @@ async def written(records: CallRecords | None, timeout: float = 10.0) -> CallRec
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)  # the last write taken off the queue is committed
     return records
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[PostgresCluster]:
-    server = PostgresCluster()
-    try:
-        server.start()
-    except Exception:
-        server.stop()
-        raise
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
-    """(the --database setting, the --data-dir) of an empty records database."""
-    if request.param == "sqlite":
-        return "", tmp_path
-    server: PostgresCluster = request.getfixturevalue("cluster")
-    return server.new_database(), tmp_path
 
 
 def settings_for(database: tuple[str, Path], **overrides: Any) -> Settings:

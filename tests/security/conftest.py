@@ -10,29 +10,20 @@ self-signed certificate a TLS listener presents (`start_tls` and the TLS peers a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from parley.app import RUNTIME, SIP, create_app
-from parley.bench.service import free_port
-from parley.config import Settings
-from tests.doubles import make_engines
-from tests.security.tls_peer import Certificate, write_certificate
-from tests.sip_wire import LOCAL, Dialogue, RtpPeer, SipWire, branch, offer, text, token
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 5.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.05)
+from parley.transports.sip.message import SipRequest
+from tests.security.tls_peer import Certificate, TlsWire, callee, write_certificate
+from tests.sip_app import SipApp, eventually
+from tests.sip_wire import LOCAL, branch, offer, text, token
 
 
 def rtp_packet(sequence: int, *, payload_type: int = 0, ssrc: int = 0x1234, samples: int = 160) -> bytes:
@@ -48,46 +39,8 @@ def sdp_audio_port(body: bytes) -> int:
 
 
 @dataclass
-class Service:
+class Service(SipApp):
     """The app under test, its SIP port, and the raw peers talking to it (closed with it)."""
-
-    client: TestClient  # type: ignore[type-arg]
-    sip_port: int
-    wires: list[SipWire] = field(default_factory=list)
-    rtp_peers: list[RtpPeer] = field(default_factory=list)
-
-    @property
-    def target(self) -> str:
-        return f"sip:agent@{LOCAL}:{self.sip_port}"
-
-    async def wire(self, transport: str = "UDP") -> SipWire:
-        wire = await SipWire.open(self.sip_port, transport)
-        self.wires.append(wire)
-        return wire
-
-    async def rtp(self) -> RtpPeer:
-        peer = await RtpPeer.open()
-        self.rtp_peers.append(peer)
-        return peer
-
-    def dialogue(self, wire: SipWire, user: str = "agent") -> Dialogue:
-        return Dialogue(wire, f"sip:{user}@{LOCAL}:{self.sip_port}")
-
-    async def counter(self, name: str, **labels: str) -> float:
-        """A sample of /metrics (0 when absent), whatever the label order."""
-        exposition = await (await self.client.get("/metrics", headers=self.auth)).text()
-        for line in exposition.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
-            if all(found.get(k) == v for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-    @property
-    def auth(self) -> dict[str, str]:
-        token = self.client.app[RUNTIME].settings.token
-        return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def options(self, transport: str = "UDP") -> int:
         """An OPTIONS from a fresh peer: the status it got."""
@@ -141,34 +94,34 @@ async def start() -> AsyncIterator[Start]:
     services: list[Service] = []
 
     async def start_service(**overrides: Any) -> Service:
-        sip_port = free_port()
-        options: dict[str, Any] = {
-            "sip": f"{LOCAL}:{sip_port}",
-            "greeting": "",
-            "rtp_timeout_s": 0,
-            "ice_addresses": (LOCAL,),
-        }
-        options.update(overrides)
-        engines = options.pop("engines", None) or make_engines()
-        client: TestClient = TestClient(TestServer(create_app(Settings(**options), engines=engines)))  # type: ignore[type-arg]
-        await client.start_server()
-        service = Service(client, sip_port)
+        service = await Service.start(ice_addresses=(LOCAL,), **overrides)
         services.append(service)
         return service
 
     yield start_service
     for service in services:
-        app = service.client.app
-        ua = app.get(SIP)
-        runtime = app[RUNTIME]
-        await service.client.close()  # ends the calls (BYEs, which the wires answer) and stops the UA
-        for wire in service.wires:
-            await wire.close()
-        for peer in service.rtp_peers:
-            peer.close()
-        assert not runtime.registry.active()
-        if ua is not None:
-            assert not ua.legs and not ua.setups
+        await service.close()
+
+
+@contextlib.asynccontextmanager
+async def dialled_over_tls(
+    start: Start, certificate: Certificate
+) -> AsyncIterator[tuple[Service, TlsWire, SipRequest, int]]:
+    """A service that trusts the test's certificate dials sips:bob at a TLS callee listening with it:
+    the service, the callee's end of the connection, the INVITE that came over it, the callee's port."""
+    server, accepted = await callee(certificate)
+    port = int(server.sockets[0].getsockname()[1])
+    try:
+        service = await start(sip_tls_ca_file=certificate.cert_file, dial_trunks=(f"localhost:{port}",))
+        response = await service.client.post(
+            "/api/calls/sip", json={"to": f"sips:bob@localhost:{port}"}, headers=service.auth
+        )
+        assert response.status == 202, await response.text()
+        wire = await asyncio.wait_for(accepted.get(), 5.0)
+        service.wires.append(wire)
+        yield service, wire, await wire.request("INVITE"), port
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")
@@ -177,4 +130,4 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
     return write_certificate(tmp_path_factory.mktemp("tls"))
 
 
-__all__ = ["LOCAL", "Service", "Start", "eventually", "rtp_packet", "sdp_audio_port"]
+__all__ = ["LOCAL", "Service", "Start", "dialled_over_tls", "eventually", "rtp_packet", "sdp_audio_port"]

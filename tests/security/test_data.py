@@ -190,28 +190,6 @@ async def test_the_records_file_and_its_folder_are_their_owner_s_alone(start: St
     assert mode(old / "calls.sqlite3") == 0o600
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[postgres.PostgresCluster]:
-    if not postgres.available():
-        pytest.skip("PostgreSQL's binaries (initdb, pg_ctl) are not installed")
-    server = postgres.PostgresCluster()
-    try:
-        server.start()
-    except Exception:
-        server.stop()
-        raise
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
-    if request.param == "sqlite":
-        return "", tmp_path
-    server: postgres.PostgresCluster = request.getfixturevalue("cluster")
-    return server.new_database(), tmp_path
-
-
 def store_call(database: tuple[str, Path], call_id: str, ended: float) -> None:
     store = RecordStore(connect(*database))
     try:

@@ -17,7 +17,7 @@ from parley.app import create_app
 from parley.bench.service import free_port
 from parley.config import Settings, SettingsError
 from tests.doubles import make_engines
-from tests.security.conftest import LOCAL, Start, rtp_packet, sdp_audio_port
+from tests.security.conftest import LOCAL, Start, dialled_over_tls, rtp_packet, sdp_audio_port
 from tests.security.tls_peer import Certificate, callee, start_tls, tls_wire
 from tests.sip_wire import SipWire, branch, offer, text, token
 
@@ -170,18 +170,8 @@ def test_tls_settings_that_cannot_work_stop_the_start(settings: dict[str, object
 async def test_a_sips_destination_is_dialled_over_tls_to_a_peer_whose_certificate_is_checked(
     start: Start, certificate: Certificate
 ) -> None:
-    server, accepted = await callee(certificate)
-    port = int(server.sockets[0].getsockname()[1])
-    service = await start(sip_tls_ca_file=certificate.cert_file, dial_trunks=(f"localhost:{port}",))
-    rtp = await service.rtp()
-    try:
-        response = await service.client.post(
-            "/api/calls/sip", json={"to": f"sips:bob@localhost:{port}"}, headers=service.auth
-        )
-        assert response.status == 202, await response.text()
-        wire = await asyncio.wait_for(accepted.get(), 5.0)
-        service.wires.append(wire)
-        invite = await wire.request("INVITE")
+    async with dialled_over_tls(start, certificate) as (service, wire, invite, port):
+        rtp = await service.rtp()
         assert invite.top_via.transport == "TLS" and invite.uri == f"sips:bob@localhost:{port}"
         assert invite.top_via.port is None  # no TLS listener of ours to name
         wire.reply(
@@ -194,8 +184,6 @@ async def test_a_sips_destination_is_dialled_over_tls_to_a_peer_whose_certificat
         )
         ack = await wire.request("ACK")
         assert ack.call_id == invite.call_id
-    finally:
-        server.close()
 
 
 async def test_a_sips_destination_whose_certificate_is_not_trusted_gets_no_invite(

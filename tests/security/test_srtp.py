@@ -7,7 +7,6 @@ The caller's SRTP is libsrtp driven directly (pylibsrtp), not the service's wrap
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import re
 import secrets
@@ -15,8 +14,16 @@ import secrets
 from pylibsrtp import Policy, Session
 
 from parley.app import SIP
-from tests.security.conftest import LOCAL, Service, Start, eventually, rtp_packet, sdp_audio_port
-from tests.security.tls_peer import Certificate, callee, start_tls, tls_wire
+from tests.security.conftest import (
+    LOCAL,
+    Service,
+    Start,
+    dialled_over_tls,
+    eventually,
+    rtp_packet,
+    sdp_audio_port,
+)
+from tests.security.tls_peer import Certificate, start_tls, tls_wire
 from tests.sip_wire import Dialogue, RtpPeer, SipWire, offer
 
 SUITE = "AES_CM_128_HMAC_SHA1_80"
@@ -146,18 +153,8 @@ async def test_required_encryption_refuses_a_plain_offer_even_over_tls(
 async def test_a_call_dialled_over_tls_offers_srtp_and_speaks_it(
     start: Start, certificate: Certificate
 ) -> None:
-    server, accepted = await callee(certificate)
-    port = int(server.sockets[0].getsockname()[1])
-    service = await start(sip_tls_ca_file=certificate.cert_file, dial_trunks=(f"localhost:{port}",))
-    phone = await service.rtp()
-    try:
-        response = await service.client.post(
-            "/api/calls/sip", json={"to": f"sips:bob@localhost:{port}"}, headers=service.auth
-        )
-        assert response.status == 202, await response.text()
-        wire = await asyncio.wait_for(accepted.get(), 5.0)
-        service.wires.append(wire)
-        invite = await wire.request("INVITE")
+    async with dialled_over_tls(start, certificate) as (service, wire, invite, port):
+        phone = await service.rtp()
         assert re.search(rb"^m=audio \d+ RTP/SAVP ", invite.body, re.MULTILINE), invite.body
         agent_key = answered_key(invite.body)  # our offer's line 1: the suite the phone picks
         wire.reply(
@@ -175,8 +172,6 @@ async def test_a_call_dialled_over_tls_offers_srtp_and_speaks_it(
         )
         receiving.unprotect(phone.packets[0][0])  # raises unless our offered key protects it
         await service.still_serves()
-    finally:
-        server.close()
 
 
 async def _arrived(peer: RtpPeer) -> bool:

@@ -13,20 +13,19 @@ import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from parley.app import RUNTIME, SIP, create_app
+from parley.app import RUNTIME, SIP
 from parley.bench.service import free_port
 from parley.config import Settings
 from parley.runtime import Runtime
 from parley.transports.sip.digest import authorization_for
 from parley.transports.sip.message import SipResponse
 from parley.transports.sip.useragent import SipUserAgent
-from tests.doubles import make_engines
+from tests.sip_app import SipApp, eventually
 from tests.sip_wire import LOCAL, Dialogue, RtpPeer, SipWire, branch, offer, text, token
 
 ALLOWED = {"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "NOTIFY"}
@@ -34,34 +33,9 @@ PCMA_OFFER: dict[str, Any] = {"formats": "8 101", "rtpmaps": ("8 PCMA/8000", "10
 H261_OFFER: dict[str, Any] = {"formats": "31", "rtpmaps": ("31 H261/90000",)}
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 5.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.05)
-
-
 @dataclass
-class Agent:
+class Agent(SipApp):
     """The app under test, its SIP port, and the raw peers talking to it."""
-
-    client: TestClient  # type: ignore[type-arg]
-    sip_port: int
-    wires: list[SipWire] = field(default_factory=list)
-    rtp_peers: list[RtpPeer] = field(default_factory=list)
-
-    async def wire(self, transport: str = "UDP") -> SipWire:
-        wire = await SipWire.open(self.sip_port, transport)
-        self.wires.append(wire)
-        return wire
-
-    async def rtp(self) -> RtpPeer:
-        peer = await RtpPeer.open()
-        self.rtp_peers.append(peer)
-        return peer
-
-    def dialogue(self, wire: SipWire, user: str = "agent", cseq: int = 1) -> Dialogue:
-        return Dialogue(wire, f"sip:{user}@{LOCAL}:{self.sip_port}", cseq=cseq)
 
     async def get(self, path: str) -> Any:
         response = await self.client.get(path)
@@ -74,17 +48,6 @@ class Agent:
     async def call(self, call_id: str) -> dict[str, Any]:
         details: dict[str, Any] = await self.get(f"/api/calls/{call_id}")
         return details
-
-    async def counter(self, name: str, **labels: str) -> float:
-        """A sample of /metrics (0 when absent), whatever the label order."""
-        exposition = await (await self.client.get("/metrics")).text()
-        for line in exposition.splitlines():
-            if not line.startswith(name + "{"):
-                continue
-            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-            if all(found.get(k) == v for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
 
     async def answered(
         self, wire: SipWire, rtp: RtpPeer | None = None, *, ack: bool = True, cseq: int = 1, **sdp: Any
@@ -104,28 +67,17 @@ async def start() -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
     agents: list[Agent] = []
 
     async def start_agent(**overrides: Any) -> Agent:
-        sip_port = free_port()
-        options: dict[str, Any] = {"sip": f"{LOCAL}:{sip_port}", "greeting": "", "rtp_timeout_s": 0}
-        options.update(overrides)
-        client: TestClient = TestClient(TestServer(create_app(Settings(**options), engines=make_engines())))  # type: ignore[type-arg]
-        await client.start_server()
-        agent = Agent(client, sip_port)
+        agent = await Agent.start(**overrides)
         agents.append(agent)
         return agent
 
     yield start_agent
     for agent in agents:
-        app = agent.client.app
-        ua = app.get(SIP)
-        runtime = app[RUNTIME]
-        await agent.client.close()  # ends the calls (BYEs, which the wires answer) and stops the UA
-        for wire in agent.wires:
-            await wire.close()
-        for peer in agent.rtp_peers:
-            peer.close()
-        assert not runtime.registry.active()
+        ua = agent.client.app.get(SIP)
+        runtime = agent.client.app[RUNTIME]
+        await agent.close()
         if ua is not None:
-            assert not ua.legs and not ua._tasks and not ua.setups
+            assert not ua._tasks
             assert not ua.layer.server and not ua.layer.client
             assert not ua.endpoint._tasks and not ua.endpoint._connections
         for call_id in list(runtime.registry._ended):
