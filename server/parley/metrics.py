@@ -171,8 +171,8 @@ TOOL_CALLS_TOTAL = Counter(
 )
 REPLIES_REGENERATED_TOTAL = Counter(
     "parley_replies_regenerated_total",
-    "Replies written again before any of them was heard, by the failure shape their first sentence had "
-    "(refusal, condolence, non_answer: talk about itself)",
+    "Replies written again before any of them was heard, by the failure shape their opening had (refusal, "
+    "condolence, non_answer: talk about itself; invented_number: a tool call with a number nobody said)",
     ["reason"],
     registry=REGISTRY,
 )
@@ -228,6 +228,8 @@ for _transport in TRANSPORTS:
     CALLS_TOTAL.labels(transport=_transport, outcome="hangup")
 for _reason in ("host", "prefix", "rate"):
     DIAL_REFUSED_TOTAL.labels(reason=_reason)
+for _reason in ("refusal", "condolence", "non_answer", "invented_number"):  # pipeline/reply_guard.py
+    REPLIES_REGENERATED_TOTAL.labels(reason=_reason)
 for _outcome in ("confirmed", "cancelled", "timeout"):
     REOPEN_CANDIDATES_TOTAL.labels(outcome=_outcome)
 for _outcome in ("committed", "superseded", "interrupted"):

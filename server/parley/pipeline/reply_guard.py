@@ -36,7 +36,6 @@ from parley.pipeline.segmenter import ends_sentence, split_sentences
 from parley.text import digit_runs, normalise_words
 
 Reason = Literal["refusal", "condolence", "non_answer", "invented_number"]
-REASONS: tuple[Reason, ...] = ("refusal", "condolence", "non_answer", "invented_number")
 Decision = Literal["hold", "speak"] | Reason
 
 # The words a failure shape opens with (normalised). A reply is held only while its words so far are one
