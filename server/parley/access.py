@@ -30,13 +30,12 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from parley.access_settings import AccessSettings
 from parley.agent.templates import ContextError, checked_context
-from parley.config import Settings
-from parley.records.used_tokens import shared_used_tokens
 
 log = logging.getLogger(__name__)
 
@@ -201,11 +200,16 @@ class TokenStoreUnavailable(Exception):
 class Access:
     """The service's access rules, from its settings. Used on the event loop."""
 
-    def __init__(self, settings: Settings, used: UsedTokens | None = None) -> None:
+    def __init__(
+        self, settings: AccessSettings, *, ice_servers: Sequence[str] = (), used: UsedTokens | None = None
+    ) -> None:
+        """`ice_servers`: the service's STUN and TURN URLs (--ice-servers), whose STUN ones the page gets;
+        `used`: the call tokens spent in the fleet (records/used_tokens.py; None: in this process only)."""
         self.settings = settings
+        self._stun = tuple(url for url in ice_servers if url.startswith(("stun:", "stuns:")))
         self.token = settings.token
         self.call_tokens = CallTokens(settings.call_token_secret) if settings.call_token_secret else None
-        self.used: UsedTokens = used or shared_used_tokens(settings.database) or MemoryUsedTokens()
+        self.used: UsedTokens = used or MemoryUsedTokens()
         # The call tokens spent through this process (id -> expiry), refused at once without asking a
         # database; `used` is the word of the fleet.
         self._spent_here: OrderedDict[str, float] = OrderedDict()
@@ -311,9 +315,8 @@ class Access:
         """What the page gives its RTCPeerConnection: the STUN servers, and the TURN servers with
         credentials of their own (GET /api/ice)."""
         servers: list[dict[str, Any]] = []
-        stun = [url for url in self.settings.ice_servers if url.startswith(("stun:", "stuns:"))]
-        if stun:
-            servers.append({"urls": stun})
+        if self._stun:
+            servers.append({"urls": list(self._stun)})
         settings = self.settings
         if settings.turn_urls and settings.turn_secret:
             username, credential = turn_credentials(

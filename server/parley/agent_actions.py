@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from parley.agent.tools import ToolFailed
 from parley.log import event
-
-if TYPE_CHECKING:
-    from parley.call import Call
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +33,33 @@ class Line(Protocol):
     def send_dtmf(self, digits: str, timeout_s: float) -> None: ...
 
 
+class ReplyProgress(Protocol):
+    """What the actions need of the call's replies (replies.py)."""
+
+    def speaking(self) -> bool: ...
+
+    def hang_up_after_reply(self) -> None: ...
+
+
 class AgentActions:
-    def __init__(self, call: Call) -> None:
-        self.call = call
-        self.hang_up_due = False  # set by end_call: the call hangs up once the reply has been heard
+    """The built-in tools' side of a call (agent/builtins.py's LineActions)."""
+
+    def __init__(
+        self,
+        call_id: str,
+        line: Line | None,
+        replies: ReplyProgress,
+        publish: Callable[[str, dict[str, Any]], None],
+        ended: Callable[[], bool],
+    ) -> None:
+        self.call_id = call_id
+        self.line = line
+        self.replies = replies
+        self.publish = publish
+        self.ended = ended
 
     def end_after_reply(self) -> None:
-        self.hang_up_due = True
+        self.replies.hang_up_after_reply()
 
     def transfer(self, destination: str) -> None:
         line = self._line()
@@ -50,8 +68,8 @@ class AgentActions:
             line.transfer(destination, TRANSFER_TIMEOUT_S)
         except Exception as exc:  # LineActionFailed, or anything else the transport raised
             raise ToolFailed(str(exc) or "the transfer failed") from None
-        self.call.publish("call.transferred", {"to": destination})
-        event(log, "call_transferred", call_id=self.call.call_id, to=destination)
+        self.publish("call.transferred", {"to": destination})
+        event(log, "call_transferred", call_id=self.call_id, to=destination)
 
     def send_dtmf(self, digits: str) -> None:
         line = self._line()
@@ -61,12 +79,12 @@ class AgentActions:
             raise ToolFailed(str(exc) or "the digits could not be sent") from None
 
     def _line(self) -> Line:
-        line = self.call.line
-        if line is None or self.call.ended:
+        line = self.line
+        if line is None or self.ended():
             raise ToolFailed("the call has no line to act on")
         return line
 
     def _wait_until_heard(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.call.agent_speaking():
+        while time.monotonic() < deadline and self.replies.speaking():
             time.sleep(0.05)

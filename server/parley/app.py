@@ -40,6 +40,7 @@ from parley.http_api import (
 from parley.limits import BadJson, parse_json
 from parley.ratelimit import Proxies
 from parley.records import BadCursor, DatabaseError
+from parley.records.used_tokens import shared_used_tokens
 from parley.runtime import CallRefused, Runtime
 from parley.transports.carrier_webhooks import add_carrier_routes
 from parley.transports.sip.dial_policy import DialRefused
@@ -235,7 +236,9 @@ def create_app(settings: Settings, engines: Engines | None = None) -> web.Applic
     app[SETTINGS] = settings
     app[RUNTIME] = runtime
     app[REGISTRY] = runtime.registry
-    app[ACCESS] = Access(settings)
+    app[ACCESS] = Access(
+        settings, ice_servers=settings.ice_servers, used=shared_used_tokens(settings.database)
+    )
     app[PROXIES] = Proxies(settings.trusted_proxies)
     app[SAME_SITE] = SameSite.of(settings)
     if settings.sip != "off":

@@ -8,14 +8,24 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any
-
-from parley.config import Settings
+from typing import Any, Protocol
 
 POLL_S = 2.0
 
 
-def _request(settings: Settings, path: str, method: str = "GET") -> Any:
+class Service(Protocol):
+    """What reaching the service takes: where it listens (ServiceSettings) and its bearer token
+    (AccessSettings)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def token(self) -> str: ...
+
+
+def _request(settings: Service, path: str, method: str = "GET") -> Any:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
     body = None
@@ -29,7 +39,7 @@ def _request(settings: Settings, path: str, method: str = "GET") -> Any:
         return json.loads(response.read())
 
 
-def drain(settings: Settings, wait_s: float, poll_s: float = POLL_S) -> int:
+def drain(settings: Service, wait_s: float, poll_s: float = POLL_S) -> int:
     """Drain, then wait up to `wait_s` for the calls to end. 0 when none is left, 1 when some still run
     at the deadline, 2 when the service could not be reached."""
     try:

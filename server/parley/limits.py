@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from parley.config import Settings
 from parley.ratelimit import TokenBucket
+from parley.webrtc_settings import WebRtcSettings
 
 
 class LimitExceeded(ValueError):
@@ -45,7 +45,7 @@ class SdpLimits:
     max_candidates: int = 64
 
     @classmethod
-    def of(cls, settings: Settings) -> SdpLimits:
+    def of(cls, settings: WebRtcSettings) -> SdpLimits:
         return cls(settings.max_sdp_bytes, settings.max_m_lines, settings.max_ice_candidates)
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 import time
+from collections.abc import Callable
+from typing import Any
 
 from parley import metrics
 from parley.agent.agentfile import Agent, load_agents
@@ -57,6 +60,7 @@ class Runtime:
         self.records: CallRecords | None = None
         self.agents = load_agents(settings.agent, settings.system_prompt, settings.greeting)
         self.tools = ToolRunner(settings.webhook_secret)
+        self.call_events: CallEvents | None = None
         self.outbox = (
             EventOutbox(settings.events_url, settings.webhook_secret) if settings.events_url else None
         )
@@ -74,7 +78,8 @@ class Runtime:
     async def open_records(self) -> None:
         """Connect to the call records (and migrate them); from then on every call is recorded.
         A database that cannot be reached stops the start: calls would go unrecorded."""
-        records = open_records(self.settings)
+        # Which process a record came from: calls it left open when it died are closed at its restart.
+        records = open_records(self.settings, instance=f"{socket.gethostname()}:{self.settings.port}")
         if records is not None:
             await asyncio.to_thread(records.start)
             self.records = records
@@ -85,7 +90,14 @@ class Runtime:
         tool.called and call.transferred from the calls themselves."""
         if self.outbox is not None:
             await self.outbox.start()
-            self.registry.observers.append(CallEvents(self.outbox))
+            self.call_events = CallEvents(self.outbox)
+            self.registry.observers.append(self.call_events)
+
+    def publisher(self, call_id: str) -> Callable[[str, dict[str, Any]], None]:
+        """Where a call's own events go (tool.called, call.transferred): the events outbox, when started."""
+        if self.call_events is None:
+            return lambda kind, data: None
+        return self.call_events.publisher(call_id, self.settings.record_transcripts)
 
     def agent(self, name: str | None) -> Agent:
         """The agent a call asked for by name (None: the default); UnknownAgent if there is none."""

@@ -24,6 +24,8 @@ from parley.config import (
     rtp_port_range,
     sip_address,
 )
+from parley.settings_option import SECTIONS
+from parley.sip_settings import SipSettings
 
 # Secrets come from the environment (PARLEY_<NAME>) or a file (--<name>-file, PARLEY_<NAME>_FILE, or
 # `<name>_file` in the config file), never from the command line: every user of the machine can read a
@@ -104,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", help="TOML or JSON settings file (keys as in the flags, with underscores)"
     )
-    groups: dict[str, argparse._ArgumentGroup] = {}
+    groups = {name: parser.add_argument_group(name) for name in SECTIONS}  # argparse shows none empty
     for f in fields(Settings):
         group_name = f.metadata.get("group", "service")
         group = groups.get(group_name) or parser.add_argument_group(group_name)
@@ -230,7 +232,7 @@ def validate(settings: Settings) -> None:
     validate_access_and_limits(settings)
 
 
-def validate_sip_security(settings: Settings) -> None:
+def validate_sip_security(settings: SipSettings) -> None:
     if settings.sip_tls:
         host, _, port = settings.sip_tls.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:

@@ -25,7 +25,7 @@ RIGHT_AT_LEAST = 14
 
 @pytest.fixture(scope="module")
 def llm() -> LlmEngine:
-    return load_llm(Settings())
+    return load_llm(Settings(), prompt=Settings())
 
 
 def test_the_default_model_answers_most_plain_questions_right(llm: LlmEngine) -> None:
@@ -80,7 +80,7 @@ def test_the_book_question_of_the_readme_gets_a_book_not_a_refusal_or_condolence
 
 def test_the_phone_manners_and_examples_are_read_once_at_load_not_by_each_call() -> None:
     settings = Settings(phone_manners=True)
-    engine = load_llm(settings)  # reads the manners, the examples, the default prompt and greeting
+    engine = load_llm(settings, prompt=settings)  # reads the manners, examples, default prompt and greeting
     assert isinstance(engine, LlamaCppLlm)
     try:
         prefix = len(engine._chat.prompt_ids(prompt_start("", manners=True), reply=False))

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from parley.app import create_app
 from parley.call import Call
+from parley.call_origin import Origin
 from parley.config import Settings
 from parley.records import BadCursor, CallRecords, open_records
 from parley.records.database import Database, connect
@@ -41,9 +42,6 @@ class Phone:
         self._stop = threading.Event()
         self._player = threading.Thread(target=self._play, daemon=True)
         self._player.start()
-        call.caller = "sip:alice@example.com"
-        call.called = "sip:agent@parley"
-        call.context = {"account": "A-17"}
 
     def _play(self) -> None:
         while not self._stop.is_set():
@@ -84,6 +82,10 @@ async def phone(call: Call, hang_up: HangUp) -> Phone:
     return Phone(call, hang_up)
 
 
+# Who the calls are between, as a SIP INVITE names them, and what its token set.
+ALICE = Origin("sip:alice@example.com", "sip:agent@parley", token_context={"account": "A-17"})
+
+
 async def written(records: CallRecords | None, timeout: float = 10.0) -> CallRecords:
     assert records is not None
     deadline = time.monotonic() + timeout
@@ -118,7 +120,7 @@ async def test_a_call_is_recorded_as_it_goes_and_read_back_when_it_is_over(
     runtime = Runtime(settings_for(database), make_engines(tts=tts))
     await runtime.open_records()
     try:
-        call, line = await open_call(runtime, "sip", RATE, phone)
+        call, line = await open_call(runtime, "sip", RATE, phone, origin=ALICE)
         await line.wait("agent_done", turn_id="greeting")
 
         tts.seconds_per_word = 0.4  # a long reply, to talk over
@@ -172,7 +174,7 @@ async def test_without_transcripts_a_record_keeps_no_text(database: tuple[str, P
     runtime = Runtime(settings_for(database, record_transcripts=False), make_engines())
     await runtime.open_records()
     try:
-        call, line = await open_call(runtime, "webrtc", RATE, phone)
+        call, line = await open_call(runtime, "webrtc", RATE, phone, origin=ALICE)
         await line.say(np.concatenate([loud(800), quiet(500)]))
         said = await line.wait("user_transcript")
         await line.wait("agent_done", turn_id=said["turn_id"])

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LlamaCppLlm]:
-    engine = load_llm(Settings(llm_model=MODEL, llm_max_batch=1))
+    settings = Settings(llm_model=MODEL, llm_max_batch=1)
+    engine = load_llm(settings, prompt=settings)
     assert isinstance(engine, LlamaCppLlm)  # the runtime `auto` picks for a packaged model on a CPU
     yield engine
     engine.close()

@@ -69,7 +69,8 @@ SYSTEM = (
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LlmEngine]:
-    engine = load_llm(Settings(llm_runtime="llamacpp", llm_max_tokens=96))
+    settings = Settings(llm_runtime="llamacpp", llm_max_tokens=96)
+    engine = load_llm(settings, prompt=settings)
     yield engine
     close = getattr(engine, "close", None)
     if callable(close):

@@ -207,8 +207,8 @@ async def test_an_ended_call_lets_go_of_its_peer_connection_and_audio() -> None:
         async with Caller(str(c.make_url("")).rstrip("/")) as caller:
             await caller.wait_for_event("agent_done", timeout=10)
             call = c.app[REGISTRY].get(caller.call_id)
-            assert call is not None and call._listener is not None
-            server_pc = weakref.ref(call._listener.pc)  # type: ignore[attr-defined]
+            assert call is not None and call.signals.listener is not None
+            server_pc = weakref.ref(call.signals.listener.pc)  # type: ignore[attr-defined]
             await caller.say(np.concatenate([loud(600), quiet(600)]))
             await caller.wait_for_event("agent_done", timeout=10, turn_id=f"{caller.call_id}:turn-1")
         await eventually(lambda: call.ended and not c.app[REGISTRY].active(), 10, "the call ended")

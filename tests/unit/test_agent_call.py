@@ -54,11 +54,13 @@ class FakeLine:
         pass
 
 
-def start_call(agent: Agent, script: list[list[str | ToolCall]], **settings: Any) -> tuple[Call, Line]:
+def start_call(
+    agent: Agent, script: list[list[str | ToolCall]], on_line: FakeLine | None = None, **settings: Any
+) -> tuple[Call, Line]:
     llm = ScriptedLlm(token_s=0.01, script=script)
     config = Settings(**{"greeting": "", "end_of_turn_ms": 300, "reopen_grace_ms": 300, **settings})
-    call = Call("c-agent", "test", config, make_engines(llm=llm, stt=ScriptedStt()), RATE, agent)
-    call.tool_runner = ToolRunner()
+    engines = make_engines(llm=llm, stt=ScriptedStt())
+    call = Call("c-agent", "test", config, engines, RATE, agent, line=on_line, tool_runner=ToolRunner())
     line = Line(call)
     call.start()
     line.start()
@@ -174,9 +176,8 @@ def test_goodbye_then_the_agent_hangs_up_once_it_was_heard() -> None:
         ["Goodbye, ", "have a nice day. ", ToolCall("c1", "end_call", "{}")],
         [],
     ]
-    call, line = start_call(agent(builtins=Builtins(end_call=True)), script)
     fake = FakeLine()
-    call.line = fake  # type: ignore[assignment]
+    call, line = start_call(agent(builtins=Builtins(end_call=True)), script, fake)
     try:
         line.say(np.concatenate([loud(800), quiet(500)]))
         line.wait(lambda: line.event("agent_done") is not None, timeout=30)
@@ -197,9 +198,8 @@ def test_a_failed_transfer_is_told_to_the_caller_and_the_call_goes_on() -> None:
         ],
         ["Sorry, ", "the ", "desk ", "is ", "busy."],
     ]
-    call, line = start_call(agent(builtins=builtins), script)
     fake = FakeLine(transfer_error="the transfer failed: 486 Busy Here")
-    call.line = fake  # type: ignore[assignment]
+    call, line = start_call(agent(builtins=builtins), script, fake)
     try:
         line.say(np.concatenate([loud(800), quiet(500)]))
         line.wait(lambda: line.event("agent_done") is not None, timeout=30)
@@ -216,9 +216,8 @@ def test_arguments_outside_the_transfer_list_are_refused_before_anything_happens
         [ToolCall("c1", "transfer", '{"destination": "sip:attacker@evil.example"}')],
         ["I ", "cannot ", "do ", "that."],
     ]
-    call, line = start_call(agent(builtins=builtins), script)
     fake = FakeLine()
-    call.line = fake  # type: ignore[assignment]
+    call, line = start_call(agent(builtins=builtins), script, fake)
     try:
         line.say(np.concatenate([loud(800), quiet(500)]))
         line.wait(lambda: line.event("agent_done") is not None, timeout=30)

@@ -27,6 +27,7 @@ from parley.agent.variables import (
     system_prompt,
 )
 from parley.call import Call
+from parley.call_origin import Origin
 from parley.cli import main
 from parley.config import Settings
 from parley.engines.toolcalls import ToolCall
@@ -116,17 +117,17 @@ def test_an_agent_file_declares_what_a_caller_may_set(tmp_path: Path) -> None:
             load_agent_file(path)
 
 
-def call_for(agent: Agent) -> Call:
-    return Call("c-vars", "webrtc", Settings(greeting=""), make_engines(), 16000, agent)
+def call_for(agent: Agent, origin: Origin | None = None) -> Call:
+    return Call("c-vars", "webrtc", Settings(greeting=""), make_engines(), 16000, agent, origin=origin)
 
 
 def test_a_caller_sets_only_declared_names_and_never_a_token_s_or_the_service_s() -> None:
-    call = call_for(Agent("orders", "Orders.", caller_variables=("order_id", "language")))
-    call.take_context({"order_id": "A-1", "plan": "gold"}, TOKEN)  # the signer's word: any name
-    call.take_context(
-        {"order_id": "B-2", "language": "fr", "plan": "free", "call_id": "x", "caller": "y"}, CALLER
+    origin = Origin(
+        caller="sip:alice@example.com",
+        token_context={"order_id": "A-1", "plan": "gold"},  # the signer's word: any name
+        caller_context={"order_id": "B-2", "language": "fr", "plan": "free", "call_id": "x", "caller": "y"},
     )
-    call.caller = "sip:alice@example.com"
+    call = call_for(Agent("orders", "Orders.", caller_variables=("order_id", "language")), origin)
     found = call.variables()
     assert call.context == {"order_id": "A-1", "plan": "gold", "language": "fr"}
     assert found["call_id"] == "c-vars" and found["caller"] == "sip:alice@example.com"

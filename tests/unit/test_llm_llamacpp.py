@@ -30,7 +30,8 @@ ROME: list[Message] = [
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LlamaCppLlm]:
-    engine = load_llm(Settings(llm_runtime="llamacpp", llm_max_tokens=24))
+    settings = Settings(llm_runtime="llamacpp", llm_max_tokens=24)
+    engine = load_llm(settings, prompt=settings)
     assert isinstance(engine, LlamaCppLlm)
     yield engine
     engine.close()
@@ -365,7 +366,8 @@ def test_a_prompt_longer_than_a_conversation_can_hold_is_refused(llm: LlamaCppLl
 
 
 def test_the_system_prompt_is_read_at_load_and_the_engine_closes_cleanly() -> None:
-    engine = load_llm(Settings(llm_runtime="llamacpp", llm_model="smollm2-135m", llm_max_tokens=8))
+    settings = Settings(llm_runtime="llamacpp", llm_model="smollm2-135m", llm_max_tokens=8)
+    engine = load_llm(settings, prompt=settings)
     assert isinstance(engine, LlamaCppLlm)
     system_tokens = len(engine._chat.prompt_ids(HELLO[:1], reply=False))
     kept_before, _ = kept_and_read()

@@ -290,7 +290,7 @@ async def test_a_webrtc_caller_s_voice_reaches_the_call_decoded_on_the_event_loo
     async with Caller(f"http://127.0.0.1:{server.port}") as caller:
         call = server.app[RUNTIME].registry.get(caller.call_id)
         assert call is not None and call.line is not None
-        peer = call.line.transport
+        peer = call.signals.listener  # the transport hears its call
         assert isinstance(peer, WebRtcPeer) and peer.inbound is not None
         await caller.say(tone(1.0, 16000))
         deadline = time.monotonic() + 10
@@ -317,7 +317,7 @@ async def test_after_a_packet_lost_on_the_way_the_webrtc_caller_is_still_heard_a
     async with Caller(f"http://127.0.0.1:{server.port}") as caller:
         call = server.app[RUNTIME].registry.get(caller.call_id)
         assert call is not None and call.line is not None
-        peer = call.line.transport
+        peer = call.signals.listener  # the transport hears its call
         assert isinstance(peer, WebRtcPeer) and peer.inbound is not None and caller.pc is not None
         dtls = caller.pc.getSenders()[0].transport
         send = dtls._send_rtp

@@ -135,9 +135,7 @@ def order_desk(call_id: str, script: list[list[str | ToolCall]], end_of_turn_ms:
     settings = Settings(greeting="", end_of_turn_ms=end_of_turn_ms, reopen_grace_ms=100)
     engines = make_engines(llm=ScriptedLlm(token_s=0.01, script=script), stt=ScriptedStt())
     agent = Agent(name="orders", system_prompt="You are the order desk.", tools=(SLOW,))
-    call = Call(call_id, "test", settings, engines, RATE, agent)
-    call.tool_runner = ToolRunner()
-    return call
+    return Call(call_id, "test", settings, engines, RATE, agent, tool_runner=ToolRunner())
 
 
 def test_a_side_effecting_tool_waits_for_the_end_of_the_turn_and_never_runs_for_a_cancelled_reply() -> None:

@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -137,19 +138,23 @@ class EventOutbox:
 class CallEvents:
     """The registry's observer that turns calls starting and ending into `call.started` and
     `call.ended` (whose data is the call's record: the transcript as heard, the outcome, the tool calls,
-    the latencies). Tools and transfers publish through `Call.publish`. With `--record-transcripts off`
-    no event carries what was said, tool arguments or results, or variables (records/redaction.py)."""
+    the latencies). Tools and transfers publish through the `publisher` each call is built with. With
+    `--record-transcripts off` no event carries what was said, tool arguments or results, or variables
+    (records/redaction.py)."""
 
     def __init__(self, outbox: EventOutbox) -> None:
         self.outbox = outbox
 
-    def call_added(self, call: Call) -> None:
-        keep = call.settings.record_transcripts
+    def publisher(self, call_id: str, keep: bool) -> Callable[[str, dict[str, Any]], None]:
+        """How a call publishes its own events (tool.called, call.transferred); `keep`: with what was said."""
 
         def publish(kind: str, data: dict[str, Any]) -> None:
-            self.outbox.publish(call.call_id, kind, data if keep else without_text(data))
+            self.outbox.publish(call_id, kind, data if keep else without_text(data))
 
-        call.publish = publish
+        return publish
+
+    def call_added(self, call: Call) -> None:
+        keep = call.settings.record_transcripts
         summary = call.summary()
         self.outbox.publish(call.call_id, "call.started", summary if keep else record_without_text(summary))
 

@@ -28,10 +28,10 @@ import numpy as np
 
 from parley.agent.agentfile import Agent, default_agent, load_agent_file
 from parley.agent.manners import prompt_start
+from parley.agent_settings import AgentSettings
 from parley.bench import percentiles, progress, settings_from_flags
 from parley.bench.answer_sets import SETS, Question, QuestionSet
 from parley.bench.verdicts import VERDICTS, same_words, shapes, verdict
-from parley.config import Settings
 from parley.engines.llm import LlmEngine, Message
 from parley.pipeline.reply_guard import guarded_stream
 from parley.pipeline.segmenter import ReplySegmenter, ends_sentence
@@ -87,7 +87,7 @@ def agent_file(question_set: QuestionSet) -> Iterator[Path | None]:
         yield path
 
 
-def agent_of(question_set: QuestionSet, settings: Settings) -> Agent:
+def agent_of(question_set: QuestionSet, settings: AgentSettings) -> Agent:
     with agent_file(question_set) as path:
         return load_agent_file(path) if path else default_agent(settings.system_prompt, settings.greeting)
 
@@ -103,7 +103,7 @@ def first_turn_messages(agent: Agent, question: str, *, manners: bool = False) -
 
 def spoken_reply(
     llm: LlmEngine,
-    settings: Settings,
+    settings: AgentSettings,
     question: str,
     *,
     agent: Agent | None = None,
@@ -171,7 +171,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     flags = [*args.server_arg, *([f"--llm-model={args.llm_model}"] if args.llm_model else [])]
     settings = settings_from_flags(flags)
     started = time.perf_counter()
-    llm = load_llm(settings)
+    llm = load_llm(settings, prompt=settings)
     load_s = time.perf_counter() - started
     rows = []
     try:

@@ -35,13 +35,13 @@ from parley.bench.corpus import (
     Sound,
 )
 from parley.bench.speech import ESPEAK_VOICE
-from parley.config import Settings
 from parley.engines.stt import SttEngine
 from parley.engines.vad import VadEngine
 from parley.pipeline.backchannels import BackchannelJudge
 from parley.pipeline.messages import BargeVerdict
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import TurnTaker
+from parley.turn_settings import TurnSettings
 
 NAME = "backchannels"
 HELP = "the backchannel check's verdicts on the interruption corpus, wideband and over 8 kHz G.711"
@@ -131,7 +131,9 @@ class TalkingAgent:
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None: ...
 
 
-def heard_over_the_agent(audio: np.ndarray, vad: VadEngine, agent: TalkingAgent, settings: Settings) -> None:
+def heard_over_the_agent(
+    audio: np.ndarray, vad: VadEngine, agent: TalkingAgent, settings: TurnSettings
+) -> None:
     """Play `audio` to the real turn-taker, chunk by chunk, while `agent` talks."""
     chunk_ms = 1000 * CHUNK / PIPELINE_RATE
     taker = TurnTaker(settings, SpeculativeTurnTracker(), agent, chunk_ms)
@@ -152,7 +154,7 @@ def judge_sound(
     vad: VadEngine,
     stt: SttEngine,
     judge: BackchannelJudge,
-    settings: Settings,
+    settings: TurnSettings,
 ) -> dict[str, Any]:
     """The outcome for one sound: "words" when it cuts the agent at any point, "backchannel" when the
     agent resumed after each check, "blip" when no check was asked."""
@@ -205,7 +207,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"summary": {"voices": ",".join(voices), **summary}, "checks": rows}
 
 
-def summarise(rows: list[dict[str, Any]], settings: Settings, seconds: float) -> dict[str, Any]:
+def summarise(rows: list[dict[str, Any]], settings: TurnSettings, seconds: float) -> dict[str, Any]:
     summary: dict[str, Any] = {"asked after silence of (ms)": settings.backchannel_ask_ms}
     for line in ("wideband", "g711"):
         mine = [r for r in rows if r["line"] == line]

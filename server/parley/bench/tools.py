@@ -121,7 +121,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.llm_model:
         overrides["llm_model"] = args.llm_model
     settings = Settings(**overrides)
-    llm = load_llm(settings)
+    llm = load_llm(settings, prompt=settings)
     rows: list[dict[str, Any]] = []
     for _ in range(args.rounds):
         for question, tool, expected in CASES:

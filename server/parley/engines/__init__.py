@@ -11,10 +11,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
 from parley.config import Settings
+from parley.engine_settings import EngineSettings
 from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source
 from parley.engines.device import resolve_device, single_threaded_blas
 from parley.engines.llm import LlmEngine
@@ -70,14 +72,16 @@ def _timed(kind: str, settings: Settings, load: Callable[[Settings], T]) -> T:
 
 
 def load_engines(settings: Settings) -> Engines:
-    """Load all four engines (blocking: seconds when the cache is warm, longer on a first run)."""
+    """Load all four engines (blocking: seconds when the cache is warm, longer on a first run). The engine
+    settings name the models, the turn settings the end-of-turn model; the LLM reads the agent settings'
+    prompt at load."""
     started = time.perf_counter()
     loaded: list[object] = []
     try:
         vad = _timed("vad", settings, load_vad)
         stt = _timed("stt", settings, load_stt)
         loaded.append(stt)
-        llm = _timed("llm", settings, load_llm)
+        llm = _timed("llm", settings, partial(load_llm, prompt=settings))
         loaded.append(llm)
         tts = _timed("tts", settings, load_tts)
         turn_end = _timed("turn_end", settings, load_turn_end) if turn_model_path(settings) else None
@@ -123,5 +127,5 @@ def prepare_models(settings: Settings) -> None:
         step("turn_end", lambda: load_turn_end(settings).model_path)
 
 
-def _prepare_stt(settings: Settings, cache_dir: Path) -> object:
+def _prepare_stt(settings: EngineSettings, cache_dir: Path) -> object:
     return whisper_source(settings.stt_model, cache_dir, full=True)

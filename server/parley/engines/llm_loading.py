@@ -4,14 +4,15 @@ runtime that suits the device and the weights (`--llm-runtime auto`)."""
 from __future__ import annotations
 
 from parley.agent.manners import prompt_start
-from parley.config import Settings
+from parley.agent_settings import AgentSettings
+from parley.engine_settings import EngineSettings
 from parley.engines.cache import PACKAGED_LLMS, llm_ct2_dir, llm_gguf, llm_hf_source
 from parley.engines.device import resolve_device
 from parley.engines.llm import LlmEngine
 from parley.engines.llm_ct2 import Ct2Llm
 
 
-def llm_runtime(settings: Settings, device: str) -> str:
+def llm_runtime(settings: EngineSettings, device: str) -> str:
     """The runtime `--llm-runtime auto` means: llama.cpp on a CPU (it keeps each conversation, so a
     turn reads only what is new), for the weights it takes (a packaged model or a .gguf file);
     CTranslate2 on a GPU, or for a hub name or a transformers folder."""
@@ -21,7 +22,9 @@ def llm_runtime(settings: Settings, device: str) -> str:
     return "llamacpp" if device == "cpu" and gguf else "ctranslate2"
 
 
-def load_llm(settings: Settings) -> LlmEngine:
+def load_llm(settings: EngineSettings, *, prompt: AgentSettings | None = None) -> LlmEngine:
+    """The LLM the engine settings name. `prompt`: the agent settings whose opening (the phone manners,
+    the system prompt, the greeting) a llama.cpp model reads at load, so that no call reads it again."""
     if settings.llm_url:
         from parley.engines.endpoint import OpenAiLlm
 
@@ -56,10 +59,10 @@ def load_llm(settings: Settings) -> LlmEngine:
             max_tokens=settings.llm_max_tokens,
             temperature=settings.llm_temperature,
         )
-        if settings.system_prompt or settings.phone_manners:
-            start = prompt_start(settings.system_prompt, manners=settings.phone_manners)
-            if settings.greeting:
-                start.append({"role": "assistant", "content": settings.greeting})
+        if prompt is not None and (prompt.system_prompt or prompt.phone_manners):
+            start = prompt_start(prompt.system_prompt, manners=prompt.phone_manners)
+            if prompt.greeting:
+                start.append({"role": "assistant", "content": prompt.greeting})
             engine.warm(start)
         return engine
     if settings.llm_max_batch > 1:

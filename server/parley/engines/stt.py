@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from parley.audio import to_float32
-from parley.config import Settings
+from parley.engine_settings import EngineSettings
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads, prefer_avx512_for_ctranslate2, resolve_device
 from parley.engines.whisper_cache import whisper_source
@@ -392,7 +392,7 @@ class WhisperStt:
         return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.concatenate(encoded)))
 
 
-def load_stt(settings: Settings) -> WhisperStt:
+def load_stt(settings: EngineSettings) -> WhisperStt:
     return WhisperStt(
         settings.stt_model,
         device=resolve_device(settings.device),

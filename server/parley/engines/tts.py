@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from parley.audio import trim_silence
-from parley.config import Settings
+from parley.engine_settings import EngineSettings
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import onnx_providers, resolve_device
 from parley.engines.piper_stream import StreamingVoice, split_graph, stretches
@@ -191,5 +191,5 @@ class PhraseCache:
                 self._clips.popitem(last=False)
 
 
-def load_tts(settings: Settings) -> PhraseCache:
+def load_tts(settings: EngineSettings) -> PhraseCache:
     return PhraseCache(PiperTts(settings.tts_voice, device=resolve_device(settings.device)))

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from parley.audio import PIPELINE_RATE, to_float32
-from parley.config import Settings
 from parley.engines.cache import CacheError, package_dir, sha256_file
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import resolve_device
@@ -109,7 +108,17 @@ class SmartTurn:
         return [float(p) for p in np.asarray(out).reshape(-1)]
 
 
-def load_turn_end(settings: Settings) -> SmartTurn:
+class TurnModelSettings(Protocol):
+    """What choosing the end-of-turn model reads: `--turn-model` (TurnSettings) and `--device`
+    (EngineSettings)."""
+
+    @property
+    def turn_model(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+
+
+def load_turn_end(settings: TurnModelSettings) -> SmartTurn:
     """The end-of-turn model the settings ask for (`turn_model_path` says whether they ask for one)."""
     path = turn_model_path(settings)
     if path is None:
@@ -118,7 +127,7 @@ def load_turn_end(settings: Settings) -> SmartTurn:
     return SmartTurn(path, check=settings.turn_model in ("auto", "smart-turn"))
 
 
-def turn_model_path(settings: Settings) -> Path | None:
+def turn_model_path(settings: TurnModelSettings) -> Path | None:
     """The end-of-turn model's file, or None: `auto` takes Smart Turn where replies are fast enough to
     gain from it (a GPU), `none` never does."""
     choice = settings.turn_model

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from parley.audio import to_float32
-from parley.config import Settings
+from parley.engine_settings import EngineSettings
 from parley.engines.cache import package_dir
 
 log = logging.getLogger(__name__)
@@ -130,5 +130,5 @@ class SileroVad:
         return [float(p) for p in output[:, 0]]
 
 
-def load_vad(settings: Settings) -> SileroVad:
+def load_vad(settings: EngineSettings) -> SileroVad:
     return SileroVad(None if settings.vad_model == "silero" else settings.vad_model)

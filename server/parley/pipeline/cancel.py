@@ -11,6 +11,11 @@ GENERATION_MODULUS = 2**32
 """Generations wrap here, so a long call never grows the counter without bound."""
 
 
+def precedes(generation: int, other: int) -> bool:
+    """Whether `generation` came before `other`, across the wrap (they are never half the range apart)."""
+    return 0 < (other - generation) % GENERATION_MODULUS < GENERATION_MODULUS // 2
+
+
 class CancelScope:
     """The current cancel generation of one call, and whether output of a cancelled response is discarded."""
 

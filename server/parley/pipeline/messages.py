@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from parley.engines.stt import Transcription
+from parley.pipeline.cancel import precedes
 
 # A reply is due this long after the caller stops speaking: the gap people leave between turns.
 REPLY_DUE_S = 0.5
@@ -160,6 +161,10 @@ class Utterance:
     response: Response
     audio: np.ndarray  # int16, 16 kHz
 
+    @property
+    def generation(self) -> int:
+        return self.response.tag.generation
+
 
 @dataclass(frozen=True)
 class EarlyUtterance:
@@ -173,6 +178,7 @@ class EarlyUtterance:
     # The speculative reply started at this pause (pipeline/speculation.py): its transcript goes on to
     # the LLM at once. None: only transcribed ahead, for the Utterance that may follow.
     draft: Response | None = None
+    generation: int = 0  # the cancel generation it was heard in (the draft's, when there is one)
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,10 @@ class Transcript:
     response: Response
     text: str
     command_odds: float = 0.0  # the odds Whisper gave "stop", "wait"... to begin it (short turns only)
+
+    @property
+    def generation(self) -> int:
+        return self.response.tag.generation
 
 
 @dataclass(frozen=True)
@@ -189,6 +199,24 @@ class ReplyText:
     response: Response
     text: str
     final: bool = False
+
+    @property
+    def generation(self) -> int:
+        return self.response.tag.generation
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Work of a generation before `generation` is stale: posted to each stage's priority lane at a
+    barge-in, a reopen or a dropped speculative reply, so the stage drops what of it waits in its inbox
+    before it takes anything else (pipeline/queues.py)."""
+
+    generation: int
+
+    def drops(self, item: object) -> bool:
+        """Whether `item` (a message tagged with a generation, or anything else) is stale by this cancel."""
+        generation = getattr(item, "generation", None)
+        return isinstance(generation, int) and precedes(generation, self.generation)
 
 
 @dataclass(frozen=True)

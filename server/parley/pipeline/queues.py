@@ -1,4 +1,9 @@
-"""Typed queues between a call's stages: closeable, observable, and flushable without losing bookkeeping."""
+"""Typed queues between a call's stages: closeable, observable, with a priority lane for cancels.
+
+A `Cancel` (a barge-in, a reopen, a dropped speculative reply) and the end of the call jump the queue, as
+an interruption must: the stage reading it takes the cancel before any item, and drops what of its inbox
+went stale (`drop_stale`), so no controller reaches into a stage's inbox.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from parley import metrics
+from parley.pipeline.messages import Cancel
 
 T = TypeVar("T")
 
@@ -52,6 +58,7 @@ class StageQueue(Generic[T]):
         self.stage = stage
         self.maxsize = maxsize
         self._items: deque[T] = deque()
+        self._cancels: deque[Cancel] = deque()  # the priority lane
         self._cond = threading.Condition()
         self._closed = False
         with _LIVE_LOCK:
@@ -77,16 +84,30 @@ class StageQueue(Generic[T]):
         """`item` went in (and `dropped` out, the queue being full), under the lock: wake the reader."""
         self._cond.notify()
 
-    def get(self, timeout: float | None = None) -> T | None:
-        """Block until an item arrives (None on timeout); raise QueueClosed once closed and drained."""
+    def cancel(self, generation: int) -> None:
+        """Post `Cancel(generation)` ahead of every item; the reader drops the stale ones. Never blocks."""
         with self._cond:
-            if not self._items and not self._closed:
+            if not self._closed:
+                self._cancels.append(Cancel(generation))
+                self._cond.notify()
+
+    def get(self, timeout: float | None = None) -> T | Cancel | None:
+        """Block until a cancel or an item arrives (None on timeout), a cancel first; raise QueueClosed once
+        closed: the end of the call jumps the queue too."""
+        with self._cond:
+            if not self._items and not self._cancels and not self._closed:
                 self._cond.wait(timeout)
-            if self._items:
-                return self._items.popleft()
             if self._closed:
                 raise QueueClosed(self.stage)
+            if self._cancels:
+                return self._cancels.popleft()
+            if self._items:
+                return self._items.popleft()
             return None
+
+    def drop_stale(self, cancel: Cancel) -> int:
+        """Drop the items `cancel` made stale; the rest stay in order. Returns how many went."""
+        return self.flush(keep=lambda item: not cancel.drops(item))
 
     def flush(self, keep: Callable[[T], bool] = lambda _: False) -> int:
         """Drop everything `keep` rejects; kept items stay in front, in order. Returns how many went."""
@@ -100,6 +121,7 @@ class StageQueue(Generic[T]):
                 return
             self._closed = True
             self._items.clear()
+            self._cancels.clear()
             self._cond.notify_all()
 
     def pending(self) -> int:

@@ -24,7 +24,8 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from parley import metrics
 from parley.agent.agentfile import Agent, ToolSpec
@@ -37,7 +38,6 @@ from parley.log import event
 from parley.pipeline.backchannels import BackchannelJudge
 from parley.pipeline.messages import ReplyText, Response, Tag, Transcript
 from parley.pipeline.queues import StageQueue
-from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.reply_guard import guarded_stream
 from parley.pipeline.segmenter import ReplySegmenter, ends_sentence
 from parley.pipeline.stages import Stage, StageContext
@@ -51,23 +51,15 @@ WAIT_SLICE_S = 0.05
 HURRY_S = 0.4
 
 
-class ReplyContext(StageContext, Protocol):
-    """What the LLM stage needs from its call, beyond what every stage does."""
+@dataclass(frozen=True)
+class AgentContext:
+    """What the LLM stage needs of its call beyond what every stage does: the agent and what it may do."""
 
     agent: Agent
-    reopen: ReopenWindow
-    tool_runner: ToolRunner | None
-    publish: Callable[[str, dict[str, Any]], None]
-
-    @property
-    def actions(self) -> LineActions: ...
-
-    def variables(self) -> Variables: ...
-
-    def wait_turn_ended(self, tag: Tag) -> bool:
-        """Blocks while `tag` is a speculative reply whose turn is still being spoken; False when it was
-        cancelled instead of adopted."""
-        ...
+    actions: LineActions
+    variables: Callable[[], Variables]
+    tool_runner: ToolRunner | None = None
+    publish: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
 
 
 class LlmStage(Stage[Transcript]):
@@ -75,10 +67,15 @@ class LlmStage(Stage[Transcript]):
     engine_name = "llm"
 
     def __init__(
-        self, ctx: ReplyContext, inbox: StageQueue[Transcript], llm: LlmEngine, outbox: StageQueue[ReplyText]
+        self,
+        ctx: StageContext,
+        agent: AgentContext,
+        inbox: StageQueue[Transcript],
+        llm: LlmEngine,
+        outbox: StageQueue[ReplyText],
     ):
         super().__init__(ctx, inbox)
-        self.reply_ctx = ctx
+        self.reply_ctx = agent
         self.llm = llm
         self.outbox = outbox
         self.judge = BackchannelJudge.for_settings(ctx.settings)
@@ -106,7 +103,7 @@ class LlmStage(Stage[Transcript]):
     def handle(self, item: Transcript) -> None:
         response = item.response
         tag = response.tag
-        if self.ctx.is_stale(tag):
+        if self.ctx.replies.is_stale(tag):
             return
         assert tag.turn_id is not None
         reply = _Reply(self, response)
@@ -123,7 +120,7 @@ class LlmStage(Stage[Transcript]):
                 messages = self.ctx.conversation.messages_for(tag.turn_id, stable_prefix=stable)
                 last_round = round_number == MAX_TOOL_ROUNDS
                 calls = reply.stream(messages, None if last_round else offered)
-                if not calls or self.ctx.is_stale(tag):
+                if not calls or self.ctx.replies.is_stale(tag):
                     break
                 reply.flush()  # what the model said before asking ("let me check") is heard first
                 if not self.run_tools(response, calls):
@@ -133,8 +130,8 @@ class LlmStage(Stage[Transcript]):
             self.outbox.put(ReplyText(response, "", final=True))
 
     def recover(self, item: Transcript) -> None:
-        if not self.ctx.is_stale(item.response.tag):
-            self.ctx.apologise()  # the model failed on a turn the caller still waits on
+        if not self.ctx.replies.is_stale(item.response.tag):
+            self.ctx.replies.apologise()  # the model failed on a turn the caller still waits on
 
     # tools
 
@@ -160,7 +157,7 @@ class LlmStage(Stage[Transcript]):
                 return False
             future = self._submit(spec, call, response)
             held = self._wait(future, response, held)
-            if future is None or not future.done() or self.ctx.is_stale(response.tag):
+            if future is None or not future.done() or self.ctx.replies.is_stale(response.tag):
                 return False
         return True
 
@@ -170,10 +167,9 @@ class LlmStage(Stage[Transcript]):
         A speculative reply first waits for its turn to end at all: until then the caller may go on.
         """
         assert tag.turn_id is not None and tag.revision is not None
-        if not self.reply_ctx.wait_turn_ended(tag):
+        if not self.ctx.replies.wait_turn_ended(tag):
             return False
-        latest = self.reply_ctx.reopen.settle(tag.turn_id, tag.revision)
-        return latest and not self.ctx.is_stale(tag)
+        return self.ctx.replies.settle(tag)
 
     def _submit(
         self, spec: ToolSpec, call: ToolCall, response: Response
@@ -207,7 +203,7 @@ class LlmStage(Stage[Transcript]):
         agent = self.reply_ctx.agent
         hold_at = time.monotonic() + agent.hold_after_ms / 1000
         while not future.done():
-            if self.ctx.is_stale(response.tag):
+            if self.ctx.replies.is_stale(response.tag):
                 return held
             if not held and agent.hold_phrase and time.monotonic() >= hold_at:
                 held = True
@@ -246,7 +242,7 @@ class _Reply:
         self.yield_s = self.ctx.settings.yield_to_tts_ms / 1000
 
     def over(self) -> bool:
-        return self.ctx.is_stale(self.response.tag) or self.sentences_left <= 0
+        return self.ctx.replies.is_stale(self.response.tag) or self.sentences_left <= 0
 
     def should_stop(self) -> bool:
         # Between tokens. Once the first piece is out, the model waits for its audio: on a CPU the two
@@ -255,7 +251,7 @@ class _Reply:
         wait_s = self.response.first_audio_wait_s(self.yield_s)
         if wait_s > 0:
             self.response.audio_ready.wait(wait_s)
-        return self.ctx.is_stale(self.response.tag)
+        return self.ctx.replies.is_stale(self.response.tag)
 
     def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[ToolCall]:
         """Stream one model turn into TTS; returns the tool calls it asked for. The sentence limit is per
@@ -299,7 +295,7 @@ class _Reply:
         self.sentences_left -= ends_sentence(piece)
 
     def flush(self) -> None:
-        if not self.ctx.is_stale(self.response.tag):
+        if not self.ctx.replies.is_stale(self.response.tag):
             for piece in self.segmenter.flush():
                 self.put(piece)
 

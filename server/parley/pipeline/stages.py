@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -26,12 +27,12 @@ from parley.engines.stt import SttCancelled, SttEngine, Transcription
 from parley.engines.turn_end import SmartTurn
 from parley.engines.urgency import HELD, URGENCY
 from parley.log import event
-from parley.outbound import Outbound
 from parley.pipeline.backchannels import COMMAND_WORDS, BackchannelJudge
 from parley.pipeline.history import Conversation
 from parley.pipeline.messages import (
     BackchannelQuery,
     BargeVerdict,
+    Cancel,
     EarlyUtterance,
     Response,
     Tag,
@@ -53,18 +54,16 @@ WEIGHED_TURN_S = 2.5
 Item = TypeVar("Item")
 
 
-class StageContext(Protocol):
-    """What stages need from their call."""
-
-    call_id: str
-    settings: Settings
-    conversation: Conversation
-    outbound: Outbound
+class ReplyControl(Protocol):
+    """What stages ask of their call's replies (replies.py)."""
 
     def is_stale(self, tag: Tag) -> bool: ...
-    def emit(self, payload: dict[str, Any]) -> None: ...
-    def reply_abandoned(self, response: Response) -> None: ...
-    def emit_for_reply(self, response: Response, payload: dict[str, Any]) -> None:
+
+    def abandon(self, response: Response) -> None:
+        """Nothing will be said for `response` (no words heard, or a stage failed)."""
+        ...
+
+    def emit_for(self, response: Response, payload: dict[str, Any]) -> None:
         """An event about `response`'s turn: held back while it is a speculative reply whose turn has not
         ended (pipeline/speculation.py), so a caller never sees the transcript of half a turn."""
         ...
@@ -73,10 +72,30 @@ class StageContext(Protocol):
         """A model failed on the caller's turn: tell the caller (or end the call after too many)."""
         ...
 
-    def hold_reply(self, response: Response, until: float) -> None:
+    def hold(self, response: Response, until: float) -> None:
         """Let nothing of `response` be heard before `until` (time.monotonic()); its turn stays open to a
         reopen meanwhile (pipeline/unfinished.py)."""
         ...
+
+    def wait_turn_ended(self, tag: Tag) -> bool:
+        """Blocks while `tag` is a speculative reply whose turn is still being spoken; False when it was
+        cancelled instead of adopted."""
+        ...
+
+    def settle(self, tag: Tag) -> bool:
+        """Blocks until the turn `tag` answers can no longer be reopened; whether it is still the newest."""
+        ...
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What stages need from their call: who it is, its settings and history, its replies, its events."""
+
+    call_id: str
+    settings: Settings
+    conversation: Conversation
+    replies: ReplyControl
+    emit: Callable[[dict[str, Any]], None]
 
 
 class StageRunner(Protocol):
@@ -115,6 +134,9 @@ class Stage(threading.Thread, Generic[Item]):
                 return
             if item is None:
                 self.idle()
+                continue
+            if isinstance(item, Cancel):
+                self.inbox.drop_stale(item)  # a barge-in: what waits of the cancelled reply goes unheard
                 continue
             # Engines shared by many calls serve the most urgent work first, and hold what should wait
             # (engines/urgency.py).
@@ -173,7 +195,7 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
             self._transcribe_ahead(item)
             return
         response = item.response
-        if self.ctx.is_stale(response.tag):
+        if self.ctx.replies.is_stale(response.tag):
             return
         if self.ctx.settings.debug_audio_dir:
             self._keep_audio(item)
@@ -186,7 +208,7 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
 
     def _transcribe_ahead(self, item: EarlyUtterance) -> None:
         draft = item.draft
-        if draft is not None and self.ctx.is_stale(draft.tag):
+        if draft is not None and self.ctx.replies.is_stale(draft.tag):
             return  # the caller went on: the speculative reply was cancelled while it waited here
         if item.heard is not None:
             result = item.heard
@@ -216,13 +238,13 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
     def _wanted(self, draft: Response | None) -> Callable[[], bool] | None:
         if draft is None:
             return None  # transcribed ahead for the utterance that may follow: wanted until it comes
-        return lambda: not self.ctx.is_stale(draft.tag)
+        return lambda: not self.ctx.replies.is_stale(draft.tag)
 
     def _answer(self, response: Response, result: Transcription) -> None:
         response.mark("transcript")
         response.stt_s = result.seconds
         metrics.STAGE_LATENCY.labels(stage="stt").observe(result.seconds)
-        if self.ctx.is_stale(response.tag):
+        if self.ctx.replies.is_stale(response.tag):
             return
         tag = response.tag
         assert tag.turn_id is not None and tag.revision is not None
@@ -238,10 +260,10 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
             stt_s=round(result.seconds, 3),
         )
         if not result.text:
-            self.ctx.reply_abandoned(response)
+            self.ctx.replies.abandon(response)
             return
         self._hold_if_unfinished(response, result.text)
-        self.ctx.emit_for_reply(
+        self.ctx.replies.emit_for(
             response,
             {
                 "type": "user_transcript",
@@ -261,7 +283,7 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
         if until > time.monotonic():
             response.mark("held_unfinished")
             metrics.UNFINISHED_HOLDS_TOTAL.inc()
-            self.ctx.hold_reply(response, until)
+            self.ctx.replies.hold(response, until)
 
     def _transcript_ahead(self, item: Utterance) -> Transcription | None:
         if self._early is None:
@@ -279,9 +301,9 @@ class SttStage(Stage[Utterance | EarlyUtterance]):
         if isinstance(item, EarlyUtterance) and item.draft is not None:
             item.draft.mark("stt_failed")  # not adopted: the end of the turn transcribes it again
         if isinstance(item, Utterance):
-            self.ctx.reply_abandoned(item.response)
-            if not self.ctx.is_stale(item.response.tag):
-                self.ctx.apologise()
+            self.ctx.replies.abandon(item.response)
+            if not self.ctx.replies.is_stale(item.response.tag):
+                self.ctx.replies.apologise()
 
     def _keep_audio(self, item: Utterance) -> None:
         tag = item.response.tag

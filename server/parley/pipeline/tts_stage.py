@@ -31,7 +31,7 @@ class TtsStage(Stage[ReplyText]):
         response = item.response
         if item.text:
             try:
-                if not self.ctx.is_stale(response.tag):
+                if not self.ctx.replies.is_stale(response.tag):
                     self._speak(response, item.text)
             finally:
                 response.pieces_spoken += 1
@@ -45,7 +45,7 @@ class TtsStage(Stage[ReplyText]):
             # Sentence by sentence, so that each clip carries the words it speaks: what the caller heard
             # of a reply cut in its second sentence is then known to the sentence.
             for sentence in split_sentences(text):
-                if self.ctx.is_stale(response.tag):
+                if self.ctx.replies.is_stale(response.tag):
                     return
                 self._synthesise(response, sentence)
         finally:
@@ -60,12 +60,12 @@ class TtsStage(Stage[ReplyText]):
         while True:
             # The next stretch is computed when it will soon be heard (pipeline/pacing.py).
             self._pace(response)
-            if self.ctx.is_stale(response.tag):
+            if self.ctx.replies.is_stale(response.tag):
                 return
             pcm = next(stretches, None)
             if pcm is None:
                 break
-            if self.ctx.is_stale(response.tag):
+            if self.ctx.replies.is_stale(response.tag):
                 return
             if response.tts_first_audio_s is None:
                 response.mark("first_audio_ready")
@@ -74,12 +74,12 @@ class TtsStage(Stage[ReplyText]):
                 metrics.STAGE_LATENCY.labels(stage="tts_first_audio").observe(response.tts_first_audio_s)
             if self._send(response, resampler.process(pcm), unsaid):
                 unsaid = ""
-        if not self.ctx.is_stale(response.tag):
+        if not self.ctx.replies.is_stale(response.tag):
             self._send(response, resampler.process(np.zeros(0, dtype=np.int16), last=True), unsaid)
 
     def _pace(self, response: Response) -> None:
         lead_s = self.ctx.settings.speak_ahead_ms / 1000
-        wait_for_playout(response, lead_s, lambda: self.ctx.is_stale(response.tag))
+        wait_for_playout(response, lead_s, lambda: self.ctx.replies.is_stale(response.tag))
 
     def _send(self, response: Response, audio: np.ndarray, text: str) -> bool:
         """Push `audio` with `text`, if there is any audio; whether it was pushed."""

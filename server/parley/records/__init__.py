@@ -6,10 +6,9 @@
 
 from __future__ import annotations
 
-import socket
 from functools import partial
 
-from parley.config import Settings
+from parley.record_settings import RecordSettings
 from parley.records.database import DatabaseError, connect
 from parley.records.recorder import CallRecords
 from parley.records.store import BadCursor
@@ -17,14 +16,15 @@ from parley.records.store import BadCursor
 __all__ = ["BadCursor", "CallRecords", "DatabaseError", "open_records"]
 
 
-def open_records(settings: Settings) -> CallRecords | None:
-    """The records these settings ask for, not yet started (`start()` connects and migrates)."""
+def open_records(settings: RecordSettings, instance: str = "") -> CallRecords | None:
+    """The records these settings ask for, not yet started (`start()` connects and migrates). `instance`
+    names the process the records come from ('' = this host's name): calls it left open when it died are
+    closed at its restart."""
     if settings.database == "off":
         return None
     return CallRecords(
         partial(connect, settings.database, settings.resolved_data_dir()),
         keep_text=settings.record_transcripts,
         retention_days=settings.retention_days,
-        # Which process a record came from: calls it left open when it died are closed at its restart.
-        instance=f"{socket.gethostname()}:{settings.port}",
+        instance=instance,
     )

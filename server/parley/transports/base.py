@@ -25,6 +25,7 @@ import numpy as np
 from parley.agent.agentfile import Agent
 from parley.audio import FRAME_MS
 from parley.call import Call
+from parley.call_origin import Origin
 from parley.log import CALL_ID, event
 from parley.ratelimit import Source
 from parley.runtime import CallRefused, Runtime
@@ -65,28 +66,34 @@ class LineActionFailed(Exception):
 
 class LineControl:
     """What the agent may do to its call's line, from any thread (a tool worker): hang up, transfer,
-    send keypad digits. Each action runs on the event loop; the blocking forms wait for its outcome."""
+    send keypad digits. Each action runs on the event loop; the blocking forms wait for its outcome.
+    Made with the call, before its transport exists: the transport is `connect`ed once it does (a tool
+    runs only after the call started, so never on a line with none)."""
 
-    def __init__(self, transport: Transport, loop: asyncio.AbstractEventLoop, hang_up: HangUp) -> None:
-        self._transport = transport
+    def __init__(self, loop: asyncio.AbstractEventLoop, hang_up: HangUp) -> None:
+        self._transport: Transport | None = None
         self._loop = loop
         self._hang_up = hang_up
 
-    @property
-    def transport(self) -> Transport:
-        return self._transport
+    def connect(self, transport: Transport) -> None:
+        self._transport = transport
 
     def hang_up(self, reason: str) -> None:
         self._loop.call_soon_threadsafe(self._hang_up, reason)
 
     def transfer(self, destination: str, timeout_s: float) -> None:
-        self._wait(self._transport.transfer(destination), timeout_s, "the transfer")
+        self._wait(lambda transport: transport.transfer(destination), timeout_s, "the transfer")
 
     def send_dtmf(self, digits: str, timeout_s: float) -> None:
-        self._wait(self._transport.send_dtmf(digits), timeout_s, "sending the digits")
+        self._wait(lambda transport: transport.send_dtmf(digits), timeout_s, "sending the digits")
 
-    def _wait(self, action: Coroutine[Any, Any, None], timeout_s: float, what: str) -> None:
-        future = asyncio.run_coroutine_threadsafe(action, self._loop)
+    def _wait(
+        self, action: Callable[[Transport], Coroutine[Any, Any, None]], timeout_s: float, what: str
+    ) -> None:
+        transport = self._transport
+        if transport is None:
+            raise LineActionFailed(f"{what} is not possible before the call is connected")
+        future = asyncio.run_coroutine_threadsafe(action(transport), self._loop)
         try:
             future.result(timeout_s)
         except concurrent.futures.TimeoutError:
@@ -113,12 +120,15 @@ async def open_call(
     rate: int,
     connect: Connect[T],
     *,
+    origin: Origin | None = None,
     agent: Agent | None = None,
     greet: bool = True,
     source: Source | None = None,
 ) -> tuple[Call, T]:
     """Admit, build and start a call on a transport; the one way every transport opens a call.
 
+    The call is built once, with everything it will have: its `origin` (the parties, the token's and the
+    caller's variables), its agent, its line, the tool workers and where its events go.
     `connect(call, hang_up)` builds the transport and does its signaling (it may await; meanwhile the
     call holds a line, so concurrent setups cannot overshoot --max-calls). It cleans up after itself if
     it raises, and whatever it raises propagates; a CallSetupFailed is also kept as the call's record.
@@ -130,11 +140,24 @@ async def open_call(
     holder = runtime.line_holder(source)
     engines = runtime.admit(kind, holder)
     registry = runtime.registry
-    call = Call(registry.new_call_id(), kind, runtime.settings, engines, rate, agent or runtime.agent(None))
+    call_id = registry.new_call_id()
 
     def hang_up(reason: str) -> None:
-        registry.end_soon(call.call_id, reason)
+        registry.end_soon(call_id, reason)
 
+    line = LineControl(asyncio.get_running_loop(), hang_up)
+    call = Call(
+        call_id,
+        kind,
+        runtime.settings,
+        engines,
+        rate,
+        agent or runtime.agent(None),
+        origin=origin,
+        line=line,
+        tool_runner=runtime.tools,
+        publish=runtime.publisher(call_id),
+    )
     # The tasks the transport starts while connecting inherit the call's id for their log lines.
     token = CALL_ID.set(call.call_id)
     try:
@@ -151,9 +174,8 @@ async def open_call(
         # The service began shutting down while this call was being set up: it must not outlive that.
         await transport.close()
         raise CallRefused("closing", "the service is shutting down")
+    line.connect(transport)
     call.attach(transport)
-    call.line = LineControl(transport, asyncio.get_running_loop(), hang_up)
-    call.tool_runner = runtime.tools
     registry.add(call, transport.close, holder)
     call.start(greet=greet)
     return call, transport

@@ -15,7 +15,8 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from parley import metrics
-from parley.config import Settings, SettingsError
+from parley.carrier_settings import CarrierSettings
+from parley.config import SettingsError
 from parley.log import event
 from parley.ratelimit import Proxies
 from parley.runtime import CallRefused, Runtime
@@ -43,7 +44,7 @@ from parley.transports.twilio import (
 log = logging.getLogger(__name__)
 
 
-def stream_tokens(settings: Settings) -> StreamTokens | None:
+def stream_tokens(settings: CarrierSettings) -> StreamTokens | None:
     """Tokens with the configured secret; with none, a random one per process as soon as a carrier
     credential is set (webhooks are checked, so streams must be too); else no tokens at all."""
     if settings.stream_secret:
@@ -53,7 +54,7 @@ def stream_tokens(settings: Settings) -> StreamTokens | None:
     return None
 
 
-def public_base(request: web.Request, settings: Settings, proxies: Proxies) -> str:
+def public_base(request: web.Request, settings: CarrierSettings, proxies: Proxies) -> str:
     """The service's URL as the carrier sees it (scheme and host, no trailing slash): --public-url, else
     the request's, as a trusted proxy forwarded it (anyone else's X-Forwarded-* is ignored)."""
     if settings.public_url:

@@ -16,8 +16,8 @@ import time
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from parley import metrics
-from parley.agent.variables import CALLER
 from parley.call import Call
+from parley.call_origin import Origin
 from parley.log import event
 from parley.ratelimit import Proxies
 from parley.runtime import CallRefused, Runtime, UnknownAgent
@@ -38,17 +38,21 @@ from parley.transports.twilio import TOKEN_PARAMETER, StreamError, StreamStart, 
 log = logging.getLogger(__name__)
 
 
+def origin_of(start: StreamStart) -> Origin:
+    """The parties the carrier named, and the stream's parameters as the call's variables: the caller's
+    word, for our webhook's parameters travel through the carrier, and without a stream secret anyone may
+    open a stream with parameters of their own (agent/variables.py)."""
+    chosen = (TOKEN_PARAMETER, "agent")  # what opened the stream, not what the call is about
+    parameters = {k: v for k, v in start.parameters.items() if k not in chosen}
+    return Origin(start.caller, start.called, caller_context=parameters)
+
+
 def connecting(
     ws: web.WebSocketResponse, carrier: Carrier, start: StreamStart, handoffs: Handoffs
 ) -> Connect[MediaStream]:
-    """How `open_call` connects a started stream: its parameters become the call's variables."""
+    """How `open_call` connects a started stream."""
 
     async def connect(call: Call, hang_up: HangUp) -> MediaStream:
-        call.caller, call.called = start.caller, start.called
-        # The caller's word: our webhook's parameters travel through the carrier, and without a stream
-        # secret anyone may open a stream with parameters of their own (agent/variables.py).
-        chosen = (TOKEN_PARAMETER, "agent")  # what opened the stream, not what the call is about
-        call.take_context({k: v for k, v in start.parameters.items() if k not in chosen}, CALLER)
         call.outbound.confirm_by_marks()
         # Its handler ends the call when the stream ends; the stream itself only for a transfer.
         stream = MediaStream(call, ws, carrier, start, hang_up, handoffs)
@@ -134,6 +138,7 @@ def stream_handler(
                 carrier.name,
                 CARRIER_RATE,
                 connecting(ws, carrier, start, handoffs),
+                origin=origin_of(start),
                 agent=agent,
                 source=None if proven else source,
             )

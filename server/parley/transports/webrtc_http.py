@@ -10,8 +10,8 @@ from aiohttp import web
 from parley import metrics
 from parley.access import CallGrant, TokenStoreUnavailable
 from parley.agent.templates import ContextError, checked_context
-from parley.agent.variables import CALLER, TOKEN
 from parley.call import Call
+from parley.call_origin import Origin
 from parley.http_api import (
     ACCESS,
     RUNTIME,
@@ -25,7 +25,7 @@ from parley.http_api import (
 )
 from parley.limits import BadJson, LimitExceeded, SdpLimits, check_offer_size, parse_json
 from parley.runtime import CallRefused, UnknownAgent
-from parley.transports.base import HangUp, open_call
+from parley.transports.base import open_call
 from parley.transports.webrtc import WebRtcPeer, answering
 from parley.transports.webrtc_signaling import SignalingError, parse_ice_servers
 from parley.transports.webrtc_tracks import WEBRTC_RATE
@@ -80,16 +80,19 @@ async def _answer_offer(
         raise ApiError(400, str(exc)) from exc
     answer = answering(offer_sdp, parse_ice_servers(runtime.settings.ice_servers))
 
-    async def connect(call: Call, hang_up: HangUp) -> WebRtcPeer:
-        # A token's context is its signer's word; the offer's own sets only what the agent file
-        # declares, and none of the token's keys.
-        call.take_context(dict(grant.context), TOKEN)
-        call.take_context(variables, CALLER)
-        return await answer(call, hang_up)
-
+    # A token's context is its signer's word; the offer's own sets only what the agent file declares,
+    # and none of the token's keys (call_origin.py).
+    origin = Origin(token_context=dict(grant.context), caller_context=variables)
     try:
         return await open_call(
-            runtime, "webrtc", WEBRTC_RATE, connect, agent=agent, greet=False, source=request_source(request)
+            runtime,
+            "webrtc",
+            WEBRTC_RATE,
+            answer,
+            origin=origin,
+            agent=agent,
+            greet=False,
+            source=request_source(request),
         )
     except CallRefused as exc:
         raise refusal(exc) from exc

@@ -19,6 +19,7 @@ import socket
 import time
 
 from parley.call import Call
+from parley.call_origin import Origin
 from parley.log import event
 from parley.transports.base import CallSetupFailed, HangUp, open_call
 from parley.transports.sip.dial_policy import DialPolicy, Withheld
@@ -70,8 +71,6 @@ async def dial(ua: SipUserAgent, to: str) -> Call:
 
     async def connect(call: Call, hang_up: HangUp) -> SipLeg:
         created.set_result(call)
-        call.called = str(uri)
-        call.caller = f"sip:{ua.settings.sip_caller_id}@{ua.sent_by()}"
         call.set_state("dialing")
         family = socket.AF_INET6 if ":" in ua.bind_host else socket.AF_INET
         address = await _resolved(bare_host(uri.host), family)
@@ -84,7 +83,8 @@ async def dial(ua: SipUserAgent, to: str) -> Call:
 
     async def run() -> None:
         try:
-            await open_call(ua.runtime, "sip", SIP_RATE, connect)
+            origin = Origin(caller=f"sip:{ua.settings.sip_caller_id}@{ua.sent_by()}", called=str(uri))
+            await open_call(ua.runtime, "sip", SIP_RATE, connect, origin=origin)
         except CallSetupFailed as exc:
             event(log, "sip_dial_failed", call_id=created.result().call_id, outcome=exc.outcome, why=str(exc))
         except Exception as exc:

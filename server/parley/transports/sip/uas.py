@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from parley import metrics
-from parley.agent.agentfile import header_variable
+from parley.agent.agentfile import Agent, header_variable
 from parley.agent.templates import MAX_VALUE_CHARS
-from parley.agent.variables import CALLER
 from parley.call import Call
-from parley.config import Settings
+from parley.call_origin import Origin
 from parley.log import event
 from parley.ratelimit import Source
 from parley.runtime import CallRefused, Runtime
+from parley.sip_settings import SipSettings
 from parley.transports.base import CallSetupFailed, HangUp, open_call
 from parley.transports.sip.admission import SipAdmission
 from parley.transports.sip.dialog import Dialog, DialogId
@@ -57,7 +57,7 @@ class Setup:
 class Answerer(LegOwner, Protocol):
     """What answering an INVITE needs of the user agent (useragent.py's `SipUserAgent`)."""
 
-    settings: Settings
+    settings: SipSettings
     runtime: Runtime
     admission: SipAdmission
     auth: DigestAuthenticator | None
@@ -134,6 +134,7 @@ async def _answer(ua: Answerer, tx: ServerTransaction, request: SipRequest, sour
             "sip",
             SIP_RATE,
             _answering(ua, setup, request, offer, source),
+            origin=_origin(request, agent),
             agent=agent,
             source=None if ua.admission.trunks_only else Source(source.host),
         )
@@ -154,16 +155,19 @@ async def _answer(ua: Answerer, tx: ServerTransaction, request: SipRequest, sour
         ua.setups.pop(tx.key, None)
 
 
+def _origin(request: SipRequest, agent: Agent) -> Origin:
+    """From and To, and the SIP headers the agent file names as variables (X-Customer-Id ->
+    x_customer_id): all the caller's word (agent/variables.py)."""
+    headers = {header: request.headers.get(header) for header in agent.sip_headers}
+    return Origin(
+        str(request.from_addr.uri),
+        str(request.to_addr.uri),
+        caller_context={header_variable(h): v[:MAX_VALUE_CHARS] for h, v in headers.items() if v is not None},
+    )
+
+
 def _answering(ua: Answerer, setup: Setup, request: SipRequest, offer: Any, source: Peer) -> Any:
     async def connect(call: Call, hang_up: HangUp) -> SipLeg:
-        call.caller = str(request.from_addr.uri)
-        call.called = str(request.to_addr.uri)
-        # The SIP headers the agent file names become variables (X-Customer-Id -> x_customer_id): the
-        # caller's word, as are From and To (agent/variables.py).
-        headers = {header: request.headers.get(header) for header in call.agent.sip_headers}
-        call.take_context(
-            {header_variable(h): v[:MAX_VALUE_CHARS] for h, v in headers.items() if v is not None}, CALLER
-        )
         call.set_state("ringing")
         rtp = await ua.open_rtp(call, source.host)
         try:

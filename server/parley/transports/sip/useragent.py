@@ -21,9 +21,10 @@ from typing import Any
 
 from parley import metrics
 from parley.call import Call
-from parley.config import Settings, SettingsError, rtp_port_range, sip_address
+from parley.config import SettingsError, rtp_port_range, sip_address
 from parley.log import event
 from parley.runtime import CallRefused, Runtime
+from parley.sip_settings import SipSettings
 from parley.transports.sip.admission import SipAdmission
 from parley.transports.sip.dial_policy import dial_policy
 from parley.transports.sip.dialog import Dialog, DialogId
@@ -66,7 +67,7 @@ class SipUserAgent:
     def __init__(self, runtime: Runtime) -> None:
         settings = runtime.settings
         self.runtime = runtime
-        self.settings = settings
+        self.settings: SipSettings = settings  # the SIP group is all its parts read
         self.bind_host, self.bind_port = sip_address(settings.sip)
         self.rtp_ports = rtp_port_range(settings.rtp_ports)
         self.admission = SipAdmission(
@@ -442,7 +443,7 @@ def _reachable_address(host: str) -> str:
             return "127.0.0.1" if family == socket.AF_INET else "::1"
 
 
-def _tls_address(settings: Settings) -> tuple[str, int] | None:
+def _tls_address(settings: SipSettings) -> tuple[str, int] | None:
     """Where --sip-tls listens (port 0: a free one), or None."""
     if settings.sip_require_encryption and not settings.sip_tls:
         raise SettingsError("--sip-require-encryption needs --sip-tls (HOST:PORT, e.g. 0.0.0.0:5061)")
@@ -454,7 +455,7 @@ def _tls_address(settings: Settings) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _client_context(settings: Settings) -> Callable[[], ssl.SSLContext]:
+def _client_context(settings: SipSettings) -> Callable[[], ssl.SSLContext]:
     """The context of outbound TLS connections, made at the first one (it reads the system's CAs)."""
     make = functools.cache(
         functools.partial(
