@@ -22,7 +22,7 @@ from parley.call import Call
 from parley.log import event
 from parley.records.database import Database, DatabaseError, Reconnecting
 from parley.records.schema import migrate
-from parley.records.store import CallInfo, RecordStore
+from parley.records.store import AfterCall, CallInfo, RecordStore
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,11 @@ class CallRecords:
         outcome = call.end_reason or "hangup"
         turns = call.conversation.snapshot()
         self._put(lambda store: store.call_ended(info, at, outcome, turns))
+
+    def keep_after(self, call_id: str, name: AfterCall, value: Any) -> None:
+        """What became known of a call after its turns (an answering-machine verdict, where its recording
+        is, its analysis): kept with its record. Never blocks."""
+        self._put(lambda store: store.set_after(call_id, name, value))
 
     # reading (blocking; the API runs these in a thread)
 

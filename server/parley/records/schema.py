@@ -82,6 +82,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX used_call_tokens_by_expiry ON used_call_tokens (expires_at)",
         ),
     ),
+    Migration(
+        3,
+        "what is known of a call after its turns: answering-machine verdict, recording, analysis",
+        (
+            "ALTER TABLE calls ADD COLUMN amd TEXT",  # JSON: the verdict on an outbound call's answer
+            "ALTER TABLE calls ADD COLUMN recording TEXT",  # where its recording is kept
+            "ALTER TABLE calls ADD COLUMN analysis TEXT",  # JSON: the post-call analysis
+        ),
+    ),
 )
 
 

@@ -14,7 +14,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from parley.records.database import Database
 from parley.records.redaction import masked_party, without_text
@@ -228,12 +228,22 @@ class RecordStore:
         more = len(rows) > limit
         return page, encode_cursor(page[-1]["started"], page[-1]["id"]) if more and page else None
 
+    def set_after(self, call_id: str, name: AfterCall, value: Any) -> None:
+        """Keep what became known of a call after its turns (`amd`, `recording`, `analysis`), as JSON."""
+        with self.db.transaction():
+            self.db.execute(f"UPDATE calls SET {name} = ? WHERE call_id = ?", (json.dumps(value), call_id))
+
     def get(self, call_id: str) -> dict[str, Any] | None:
-        rows = self.db.rows(f"SELECT {_SUMMARY}, context FROM calls WHERE call_id = ?", (call_id,))
+        rows = self.db.rows(
+            f"SELECT {_SUMMARY}, amd, recording, analysis, context FROM calls WHERE call_id = ?", (call_id,)
+        )
         if not rows:
             return None
         record = _summary(rows[0])
         record["context"] = json.loads(rows[0][-1] or "{}")
+        for name, value in zip(AFTER_CALL, rows[0][-4:-1], strict=True):
+            if value is not None:
+                record[name] = json.loads(value)
         turns = self.db.rows(
             "SELECT turn_id, revision, keypad, user_text, agent_text, agent_state, started_at, response_s, "
             "stt_s, llm_first_token_s, tts_first_audio_s FROM turns WHERE call_id = ? "
@@ -259,6 +269,8 @@ class RecordStore:
         return record
 
 
+AfterCall = Literal["amd", "recording", "analysis"]
+AFTER_CALL: tuple[AfterCall, ...] = ("amd", "recording", "analysis")
 _SUMMARY = "call_id, transport, caller, called, instance, started_at, ended_at, outcome, turns, barge_ins"
 
 
