@@ -61,6 +61,12 @@ class AgentActions:
     def end_after_reply(self) -> None:
         self.replies.hang_up_after_reply()
 
+    def hang_up(self, reason: str) -> None:
+        """End the call now (a machine answered: answering.py), with `reason` as its outcome."""
+        line = self.line
+        if line is not None and not self.ended():
+            line.hang_up(reason)
+
     def transfer(self, destination: str) -> None:
         line = self._line()
         self._wait_until_heard(TRANSFER_NOTICE_WAIT_S)

@@ -80,3 +80,11 @@ class AgentSettings:
         default="",
         metadata=_opt("signs tool webhooks and events (X-Parley-Signature); set it from the env", "agent"),
     )
+    analysis_queue: int = field(
+        default=100,
+        metadata=_opt(
+            "ended calls waiting for their post-call analysis ([analysis] in an agent file) at most; "
+            "beyond it a call goes unanalysed, counted",
+            "agent",
+        ),
+    )

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from parley import metrics
 from parley.access import Access
+from parley.agent.templates import ContextError, checked_context
 from parley.config import Settings
 from parley.engines import Engines
 from parley.exposure import check_exposure
@@ -104,7 +105,7 @@ async def get_call(request: web.Request) -> web.Response:
     call_id = request.match_info["call_id"]
     call = request.app[REGISTRY].get(call_id)
     if call is not None:
-        return web.json_response(call.details())
+        return web.json_response({**call.details(), **request.app[RUNTIME].after_call(call_id)})
     records = request.app[RUNTIME].records
     record = None
     if records is not None:
@@ -164,7 +165,8 @@ async def call_events(request: web.Request) -> web.StreamResponse:
 
 
 async def dial_sip(request: web.Request) -> web.Response:
-    """`{"to": "sip:user@host:port"}`: the agent calls out; 202 with the call's id while it rings."""
+    """`{"to": "sip:user@host:port", "context": {"name": "Dana"}}`: the agent calls out (`context`, optional:
+    the call's variables); 202 with the call's id while it rings."""
     require_json(request)  # first: whatever the credentials, a form or text/plain body is refused
     authorise(request)
     ua = request.app.get(SIP)
@@ -177,7 +179,11 @@ async def dial_sip(request: web.Request) -> web.Response:
     if not isinstance(data, dict) or not isinstance(data.get("to"), str):
         raise ApiError(400, 'expected {"to": "sip:user@host:port"}')
     try:
-        call = await dial(ua, data["to"])
+        context = checked_context(data.get("context"))  # the dialler's, as a call token's context
+    except ContextError as exc:
+        raise ApiError(400, str(exc)) from exc
+    try:
+        call = await dial(ua, data["to"], context)
     except DialError as exc:
         raise ApiError(400, str(exc)) from exc
     except DialRefused as exc:  # the destination policy: 403, or 429 while the hourly budget is spent

@@ -90,6 +90,22 @@ class StreamResampler:
         return np.asarray(out, dtype=np.int16)
 
 
+class ToRate:
+    """A stream of audio at any rate (which may change mid-stream, as a carrier's codec can) converted to
+    one rate, with one resampler kept while the rate holds."""
+
+    def __init__(self, rate_out: int) -> None:
+        self.rate_out = rate_out
+        self._resampler: StreamResampler | None = None
+
+    def convert(self, pcm: np.ndarray, rate: int) -> np.ndarray:
+        if rate == self.rate_out:
+            return pcm
+        if self._resampler is None or self._resampler.rate_in != rate:
+            self._resampler = StreamResampler(rate, self.rate_out)
+        return self._resampler.process(pcm)
+
+
 def _halfband_taps(taps: int = 48, beta: float = 8.0, band: float = 0.95) -> np.ndarray:
     """A Kaiser-windowed sinc low-pass at `band` of the input's Nyquist frequency, for doubling the
     rate: flat to 3 kHz from 8 kHz (-0.9 dB at 3.4 kHz), images under -58 dB up to 3.4 kHz."""
@@ -116,6 +132,54 @@ class _Doubler:
         out = np.empty(2 * (x.size - self._history.size))
         out[0::2] = np.convolve(x, self._EVEN, mode="valid")
         out[1::2] = np.convolve(x, self._ODD, mode="valid")
+        return np.clip(np.round(out), -32768, 32767).astype(np.int16)
+
+
+def _lowpass_taps(factor: int, taps_per_phase: int = 24, beta: float = 8.0, band: float = 0.9) -> np.ndarray:
+    """A Kaiser-windowed sinc low-pass at `band` of the lower rate's Nyquist frequency, `factor` phases of
+    `taps_per_phase` taps, summing to 1 (a decimation filter; times `factor` it interpolates)."""
+    taps = factor * taps_per_phase
+    n = np.arange(taps) - (taps - 1) / 2
+    h = np.sinc(band * n / factor) * np.kaiser(taps, beta)
+    return np.asarray(h / h.sum())
+
+
+class Upsampler:
+    """Multiplies a stream's rate by a whole `factor` (16 kHz to a denoiser's 48 kHz), frame by frame:
+    every input sample becomes `factor` at once, from the phases of one low-pass filter. Unlike soxr's
+    streams, which hold a whole 20 ms frame back at these rates, it delays the audio under 1 ms."""
+
+    def __init__(self, factor: int) -> None:
+        taps = factor * _lowpass_taps(factor)
+        self.factor = factor
+        self._phases = [taps[p::factor] for p in range(factor)]
+        self._history = np.zeros(self._phases[0].size - 1)
+
+    def process(self, pcm: np.ndarray) -> np.ndarray:
+        x = np.concatenate((self._history, pcm.astype(np.float64, copy=False)))
+        self._history = x[x.size - self._history.size :]
+        out = np.empty(self.factor * pcm.size)
+        for p, phase in enumerate(self._phases):
+            out[p :: self.factor] = np.convolve(x, phase, mode="valid")
+        return np.clip(np.round(out), -32768, 32767).astype(np.int16)
+
+
+class Downsampler:
+    """Divides a stream's rate by a whole `factor` (a denoiser's 48 kHz back to 16 kHz), frame by frame:
+    one sample out for every `factor` in (what is left over waits for the next frame), low-passed first;
+    the audio is delayed under 1 ms. Takes int16 or float samples, gives int16."""
+
+    def __init__(self, factor: int) -> None:
+        self.factor = factor
+        self._taps = _lowpass_taps(factor)[::-1].copy()
+        self._buffer = np.zeros(self._taps.size - 1)
+
+    def process(self, pcm: np.ndarray) -> np.ndarray:
+        x = np.concatenate((self._buffer, pcm.astype(np.float64, copy=False)))
+        usable = (x.size - self._taps.size + 1) // self.factor * self.factor
+        windows = np.lib.stride_tricks.sliding_window_view(x[: self._taps.size - 1 + usable], self._taps.size)
+        out: np.ndarray = windows[self.factor - 1 :: self.factor] @ self._taps
+        self._buffer = x[usable:]
         return np.clip(np.round(out), -32768, 32767).astype(np.int16)
 
 

@@ -29,20 +29,22 @@ from parley.agent.agentfile import Agent, default_agent
 from parley.agent.tools import ToolRunner
 from parley.agent.variables import Variables, spoken, system_prompt
 from parley.agent_actions import AgentActions, Line
-from parley.audio import PIPELINE_RATE, StreamResampler
+from parley.answering import AnsweringCheck
+from parley.audio import PIPELINE_RATE, ToRate
 from parley.call_origin import CallContext, Origin
 from parley.call_signals import CallListener, CallSignals, CallState
 from parley.config import Settings
 from parley.engines import Engines
 from parley.log import event
-from parley.pipeline.history import Conversation
+from parley.pipeline.history import CALLER_TURN, Conversation
 from parley.pipeline.messages import InboundFrame, KeypadDigit
 from parley.pipeline.replying import AgentContext
-from parley.pipeline.stage_set import StageInboxes, build_stages
+from parley.pipeline.stage_set import StageInboxes, StageThreads, build_stages
 from parley.pipeline.stages import StageContext, StageRunner
 from parley.pipeline.turns import SpeculativeTurnTracker
 from parley.pipeline.turntaking import TurnTaker
-from parley.replies import GREETING_KEY, Replies
+from parley.recording import NOT_RECORDED, Recorder
+from parley.replies import Replies
 from parley.turn_decisions import TurnDecisions
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class Call:
         line: Line | None = None,
         tool_runner: ToolRunner | None = None,
         publish: Publish | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.call_id = call_id
         self.transport = transport
@@ -84,7 +87,11 @@ class Call:
         self.conversation = Conversation(
             settings.system_prompt, settings.history_turns, manners=settings.phone_manners
         )
-        self.inboxes = StageInboxes(engines.vad.chunk_samples, turn_end=engines.turn_end is not None)
+        self.inboxes = StageInboxes(
+            engines.vad.chunk_samples,
+            turn_end=engines.turn_end is not None,
+            denoise=engines.denoiser is not None,
+        )
         self.replies = Replies(
             call_id,
             self.signals,
@@ -97,8 +104,12 @@ class Call:
             max_lost_turns=settings.max_engine_failures,
         )
         self.outbound = self.replies.outbound
+        self.recording = recorder.record(call_id, self.agent, self.outbound) if recorder else NOT_RECORDED
         self._ended = threading.Event()
         self.actions = AgentActions(call_id, line, self.replies, self.publish, self._ended.is_set)
+        self.answering = AnsweringCheck(
+            self.agent.voicemail, self.origin, engines, self.signals, self.replies, self.actions, self.greet
+        )
         self.decisions = TurnDecisions(
             call_id,
             self.replies,
@@ -107,21 +118,26 @@ class Call:
             self.tracker,
             self.conversation,
             speculative=settings.speculative_replies,
+            floor=self.answering,
         )
         chunk_ms = 1000 * engines.vad.chunk_samples / engines.vad.sample_rate
         self.turns = TurnTaker(settings, self.tracker, self.decisions, chunk_ms, self.replies.reopen)
         self.replies.follow(self.turns)
-        self._threads: list[StageRunner] = build_stages(
-            StageContext(call_id, settings, self.conversation, self.replies, self.signals.emit),
-            AgentContext(self.agent, self.actions, self.origin.variables, tool_runner, self.publish),
-            self.inboxes,
-            engines,
-            self.turns,
-            self.outbound,
-            settings,
-            self.decisions.keys_entered,
+        self.threads = StageThreads(
+            call_id,
+            build_stages(
+                StageContext(call_id, settings, self.conversation, self.replies, self.signals.emit),
+                AgentContext(self.agent, self.actions, self.origin.variables, tool_runner, self.publish),
+                self.inboxes,
+                engines,
+                self.turns,
+                self.outbound,
+                settings,
+                self.decisions.keys_entered,
+            )
+            + self.answering.stages(),
         )
-        self._resampler: StreamResampler | None = None
+        self._to_pipeline = ToRate(PIPELINE_RATE)
         self._lock = threading.Lock()
         self._started = False
         self._greeted = False
@@ -133,12 +149,11 @@ class Call:
         calls `greet()` then, so that an offer that never connects costs no synthesis."""
         self._started = True
         metrics.CALLS_ACTIVE.labels(transport=self.transport).inc()
-        for thread in self._threads:
-            thread.start()
+        self.threads.start()
         event(log, "call_started", call_id=self.call_id, transport=self.transport)
         self.signals.emit({"type": "call", "call_id": self.call_id, "agent": self.agent.name})
         self.conversation.system_prompt = system_prompt(self.agent.system_prompt, self.variables())
-        if greet:
+        if greet and not self.answering.on:  # a checked call greets once a person is known to be there
             self.greet()
 
     def greet(self) -> None:
@@ -147,7 +162,7 @@ class Call:
             if self._greeted or not self._started or self._ended.is_set():
                 return
             self._greeted = True
-        greeting = spoken(self.agent.greeting, self.variables())
+        greeting = spoken(self.recording.opening(self.agent.greeting), self.variables())
         if greeting:
             self.replies.say(greeting)
         else:
@@ -173,14 +188,7 @@ class Call:
 
     def join(self, timeout: float = 5.0) -> bool:
         """Wait for the stage threads (blocking: from asyncio, run it in a thread). True if all ended."""
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(max(0.0, deadline - time.monotonic()))
-        alive = [t.name for t in self._threads if t.is_alive()]
-        if alive:
-            log.warning("threads_still_running", extra={"call_id": self.call_id, "threads": ",".join(alive)})
-        return not alive
+        return self.threads.join(timeout)
 
     @property
     def ended(self) -> bool:
@@ -188,7 +196,7 @@ class Call:
 
     def stuck_threads(self) -> list[StageRunner]:
         """Stage threads still running after `join` gave up on them."""
-        return [t for t in self._threads if t.is_alive()]
+        return self.threads.stuck()
 
     def release(self) -> None:
         """Drop what an ended call no longer needs (its transport and what it holds: the peer connection;
@@ -199,10 +207,10 @@ class Call:
         self.publish = lambda kind, data: None
         self.replies.release()
         self.turns.forget_audio()
-        self._threads = [t for t in self._threads if t.is_alive()]
+        self.threads.forget_ended()
 
     def threads_alive(self) -> int:
-        return sum(t.is_alive() for t in self._threads)
+        return len(self.threads.stuck())
 
     # the transport's side
 
@@ -227,13 +235,12 @@ class Call:
         """Caller audio (mono int16 at `rate`), converted here, once, to the pipeline's 16 kHz."""
         if self._ended.is_set():
             return
-        if rate != PIPELINE_RATE:
-            if self._resampler is None or self._resampler.rate_in != rate:
-                self._resampler = StreamResampler(rate, PIPELINE_RATE)
-            pcm = self._resampler.process(pcm)
-            if not pcm.size:
-                return
-        self.inboxes.vad.put(InboundFrame(pcm))
+        pcm = self._to_pipeline.convert(pcm, rate)
+        if not pcm.size:
+            return
+        self.recording.caller(pcm)
+        self.answering.hear(pcm)  # as received: a cleaner could take a beep for noise
+        self.inboxes.caller_audio(InboundFrame(pcm))  # cleaned off this thread first with --denoise
 
     def dtmf_received(self, digit: str) -> None:
         """A keypad digit from the transport (already de-duplicated); never blocks."""
@@ -246,19 +253,6 @@ class Call:
 
     # reporting
 
-    @property
-    def caller(self) -> str:
-        return self.origin.caller
-
-    @property
-    def called(self) -> str:
-        return self.origin.called
-
-    @property
-    def context(self) -> dict[str, str]:
-        """The variables a token or the caller set (call_origin.py)."""
-        return self.origin.values
-
     def variables(self) -> Variables:
         """What the agent's templates and tools know of the call, each value with its source."""
         return self.origin.variables()
@@ -268,11 +262,11 @@ class Call:
             "id": self.call_id,
             "transport": self.transport,
             "agent": self.agent.name,
-            "caller": self.caller,
-            "called": self.called,
+            "caller": self.origin.caller,
+            "called": self.origin.called,
             "started": self.started_at,
             "state": self.state,
-            "turns": sum(1 for t in self.conversation.snapshot() if t["turn_id"] != GREETING_KEY),
+            "turns": sum(CALLER_TURN in t["turn_id"] for t in self.conversation.snapshot()),
         }
 
     def record(self) -> dict[str, Any]:
@@ -291,7 +285,9 @@ class Call:
     def details(self) -> dict[str, Any]:
         return {
             **self.summary(),
-            "context": self.context,
+            "context": self.origin.values,
+            **self.answering.report(),
             "ended_reason": self.end_reason,
+            "recording": self.recording.describe(),
             "transcript": self.conversation.snapshot(),
         }

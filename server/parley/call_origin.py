@@ -21,12 +21,14 @@ class Origin:
     """What a transport knows of a call before it starts: `caller` (a SIP From URI, a phone number) and
     `called` (the request-URI, the number dialled) when it knows them, the claims of the token that
     allowed it (the signer's word: any name), and what the caller sent (the offer's context, a carrier's
-    parameters, SIP headers: only what the agent file lets a caller set)."""
+    parameters, SIP headers: only what the agent file lets a caller set). `outbound`: the agent dialled
+    (the callee answered), rather than was called."""
 
     caller: str = ""
     called: str = ""
     token_context: Mapping[str, str] = field(default_factory=dict)
     caller_context: Mapping[str, str] = field(default_factory=dict)
+    outbound: bool = False
 
 
 class CallContext:
@@ -37,6 +39,7 @@ class CallContext:
         self.transport = transport
         self.caller = origin.caller
         self.called = origin.called
+        self.outbound = origin.outbound
         self.values: dict[str, str] = {}
         self._sources: dict[str, Source] = {}
         self._take(origin.token_context, TOKEN, agent)

@@ -17,6 +17,14 @@ class CallSettings:
         default=120.0,
         metadata=_opt("a call in which nobody speaks for this long ends (0: never)", "limits"),
     )
+    idle_prompt_after_s: float = field(
+        default=0.0,
+        metadata=_opt(
+            "a caller silent this long after the agent spoke is asked whether they are still there, and "
+            "hung up on when they stay silent (an agent file's idle_prompt_after_s wins; 0: off)",
+            "limits",
+        ),
+    )
     engine_timeout_s: float = field(
         default=20.0,
         metadata=_opt(

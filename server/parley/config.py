@@ -15,6 +15,7 @@ from parley.call_settings import CallSettings
 from parley.carrier_settings import CarrierSettings
 from parley.engine_settings import EngineSettings, default_cache_dir
 from parley.record_settings import DATABASE_SCHEMES, RecordSettings, default_data_dir
+from parley.recording_settings import RecordingSettings
 from parley.service_settings import ServiceSettings
 from parley.sip_settings import SipSettings
 from parley.turn_settings import TurnSettings
@@ -46,6 +47,7 @@ class Settings(
     CallSettings,
     WebRtcSettings,
     AccessSettings,
+    RecordingSettings,
     RecordSettings,
     AgentSettings,
     EngineSettings,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from parley.settings_option import opt as _opt
 
+DENOISERS = ("rnnoise", "deepfilternet", "off")  # engines/denoise.py
+
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "parley"
@@ -87,6 +89,15 @@ class EngineSettings:
     tts_voice: str = field(
         default="joe",
         metadata=_opt("'joe' (packaged Piper voice) or a path to a Piper .onnx voice", "engines"),
+    )
+    # Noise suppression of the caller's audio before the VAD and Whisper (engines/denoise.py).
+    denoise: str = field(
+        default="off",
+        metadata=_opt(
+            "clean the caller's audio before the VAD and Whisper hear it (README: Noisy lines)",
+            "engines",
+            DENOISERS,
+        ),
     )
 
     def resolved_cache_dir(self) -> Path:

@@ -25,9 +25,9 @@ VOICE_BUCKETS = (
 FINE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, *VOICE_BUCKETS)
 
 TRANSPORTS = ("webrtc", "sip", "twilio", "telnyx")
-STAGES = ("vad", "stt", "llm_first_token", "tts_first_audio")
-ENGINES = ("vad", "stt", "llm", "tts")
-QUEUES = ("vad", "stt", "llm", "tts", "records")
+STAGES = ("vad", "stt", "llm_first_token", "tts_first_audio", "denoise")
+ENGINES = ("vad", "stt", "llm", "tts", "denoise")
+QUEUES = ("vad", "stt", "llm", "tts", "records", "denoise")
 
 # Calls
 CALLS_ACTIVE = Gauge("parley_calls_active", "Calls in progress", ["transport"], registry=REGISTRY)
@@ -183,6 +183,42 @@ LLM_PROMPT_TOKENS_TOTAL = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+IDLE_PROMPTS_TOTAL = Counter(
+    "parley_idle_prompts_total",
+    "Lines said to callers who went quiet (prompt: 'Are you still there?'; closing: the last, before the "
+    "call ends as idle)",
+    ["type"],
+    registry=REGISTRY,
+)
+AMD_TOTAL = Counter(
+    "parley_amd_total",
+    "Who answered the agent's outbound calls (amd.py): human, machine (voicemail), ivr, unknown",
+    ["result"],
+    registry=REGISTRY,
+)
+AMD_DECISION_SECONDS = Histogram(
+    "parley_amd_decision_seconds",
+    "From the answer to the answering-machine verdict (seconds of the callee's audio)",
+    buckets=(0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 8.0),
+    registry=REGISTRY,
+)
+ANALYSES_TOTAL = Counter(
+    "parley_analyses_total",
+    "Post-call analyses (analysis/) by outcome: ok, invalid (an answer not of its schema), failed (the LLM "
+    "failed), dropped (the queue was full, or the service stopped first)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+ANALYSES_WAITING = Gauge(
+    "parley_analyses_waiting", "Ended calls waiting for their post-call analysis", registry=REGISTRY
+)
+RECORDINGS_TOTAL = Counter(
+    "parley_recordings_total",
+    "Call recordings (recording/) by outcome: ok (stored), failed (the file or the store failed), dropped "
+    "(the writer fell behind); the call goes on either way",
+    ["outcome"],
+    registry=REGISTRY,
+)
 ENGINE_ERRORS_TOTAL = Counter("parley_engine_errors_total", "Engine failures", ["engine"], registry=REGISTRY)
 CALL_THREADS = Gauge(
     "parley_call_threads", "Stage threads of calls still alive (0 when no call runs)", registry=REGISTRY
@@ -226,8 +262,19 @@ for _transport in TRANSPORTS:
     CALLS_REFUSED_TOTAL.labels(transport=_transport, reason="capacity")
     CALLS_REFUSED_TOTAL.labels(transport=_transport, reason="rate_limited")
     CALLS_TOTAL.labels(transport=_transport, outcome="hangup")
+    CALLS_TOTAL.labels(transport=_transport, outcome="idle")  # idle.py
+for _line in ("prompt", "closing"):
+    IDLE_PROMPTS_TOTAL.labels(type=_line)
+for _result in ("human", "machine", "ivr", "unknown"):  # amd.py's RESULTS
+    AMD_TOTAL.labels(result=_result)
+for _outcome in ("voicemail", "machine"):  # answering.py: a message left, or hung up on a machine
+    CALLS_TOTAL.labels(transport="sip", outcome=_outcome)
+for _outcome in ("ok", "failed", "dropped"):  # recording/recordings.py
+    RECORDINGS_TOTAL.labels(outcome=_outcome)
 for _reason in ("host", "prefix", "rate"):
     DIAL_REFUSED_TOTAL.labels(reason=_reason)
+for _outcome in ("ok", "invalid", "failed", "dropped"):  # analysis/analyses.py
+    ANALYSES_TOTAL.labels(outcome=_outcome)
 for _reason in ("refusal", "condolence", "non_answer", "invented_number"):  # pipeline/reply_guard.py
     REPLIES_REGENERATED_TOTAL.labels(reason=_reason)
 for _outcome in ("confirmed", "cancelled", "timeout"):

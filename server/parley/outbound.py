@@ -13,6 +13,10 @@ plays from the carrier's own buffer instead, so its transport calls `confirm_by_
 then followed by a mark (`take_marks`), it counts as heard only when the carrier echoes that mark
 (`mark_played`), and a reply's end is reported once the audio sent before it has played. A flush
 estimates how much of the chunk the carrier was playing was heard from the time since it began.
+
+A loop (`loop`: an agent's hold sound while a tool runs) fills what no reply audio fills, for as long as
+the gate lets its reply play, until `stop_loop` or a flush. It belongs to no reply's words: nothing of
+it counts as heard, and `has_audio` does not count it.
 """
 
 from __future__ import annotations
@@ -76,6 +80,15 @@ class _Playout:
 
 
 @dataclass
+class _Loop:
+    """A sound played over and over under a reply (its tag) while nothing of the reply waits."""
+
+    tag: Tag
+    pcm: np.ndarray
+    offset: int = 0
+
+
+@dataclass
 class _DeferredEnd:
     """A reply's end, reported once the audio sent before it has played."""
 
@@ -107,6 +120,8 @@ class Outbound:
         self._playing_since: float | None = None  # when the carrier began playing the first of them
         self._marks_due: list[str] = []
         self._mark_numbers = itertools.count(1)
+        self._loop: _Loop | None = None
+        self._tap: Callable[[np.ndarray], None] | None = None
 
     # producers (stage threads)
 
@@ -160,6 +175,7 @@ class Outbound:
             # Ends that waited for their audio to play are markers too: they go back in front, in order.
             self._items.extendleft(reversed(ends))
             self._paused_at = None
+            self._loop = None
             return cut
 
     def _cut_playouts_locked(self, cut: list[Response]) -> list[EndOfResponse]:
@@ -192,6 +208,23 @@ class Outbound:
                 or any(isinstance(i, AudioChunk) for i in self._items)
                 or any(isinstance(p, _Playout) for p in self._playouts)
             )
+
+    # a loop under the reply
+
+    def loop(self, tag: Tag, pcm: np.ndarray) -> None:
+        """Play `pcm` (at `rate`) over and over whenever no reply audio waits, while the gate lets `tag`
+        play, from the next frame until `stop_loop` or a flush (replacing any loop playing)."""
+        with self._lock:
+            self._loop = _Loop(tag, pcm) if pcm.size else None
+
+    def stop_loop(self) -> None:
+        """The loop stops where it is: the next frame has none of it."""
+        with self._lock:
+            self._loop = None
+
+    @property
+    def looping(self) -> bool:
+        return self._loop is not None
 
     # playout confirmed by marks (a carrier's media stream)
 
@@ -254,12 +287,17 @@ class Outbound:
         """The next 20 ms of audio at `rate` (int16); silence when nothing may play. Never blocks."""
         notices: list[Callable[[], None]] = []
         with self._lock:
-            if self._paused_at is not None:
-                return self._silence
-            frame = self._fill_frame_locked(notices)
+            frame = self._silence if self._paused_at is not None else self._fill_frame_locked(notices)
         for notify in notices:
             notify()
+        if self._tap is not None:
+            self._tap(frame)
         return frame
+
+    def tap(self, listen: Callable[[np.ndarray], None]) -> None:
+        """Also hand `listen` every frame pulled, silence included (a call's recording: it copies the
+        frame and returns at once), on the puller's thread. Set before the first pull."""
+        self._tap = listen
 
     def _fill_frame_locked(self, notices: list[Callable[[], None]]) -> np.ndarray:
         frame: np.ndarray | None = None
@@ -281,7 +319,27 @@ class Outbound:
                 playout.sent += take
             if self._offset >= chunk.pcm.size:
                 self._chunk_sent_locked(chunk)
+        if filled < self.frame_samples and self._loop is not None and not self._items:
+            frame = self._fill_loop_locked(frame, filled)
         return self._silence if frame is None else frame
+
+    def _fill_loop_locked(self, frame: np.ndarray | None, filled: int) -> np.ndarray | None:
+        """The rest of the frame from the loop, when its reply may play (one that went stale ends it)."""
+        loop = self._loop
+        assert loop is not None
+        verdict = self._gate(loop.tag)
+        if verdict is False:
+            self._loop = None
+        if not verdict:
+            return frame
+        if frame is None:
+            frame = np.zeros(self.frame_samples, dtype=np.int16)
+        while filled < self.frame_samples:
+            take = min(self.frame_samples - filled, loop.pcm.size - loop.offset)
+            frame[filled : filled + take] = loop.pcm[loop.offset : loop.offset + take]
+            filled += take
+            loop.offset = (loop.offset + take) % loop.pcm.size
+        return frame
 
     def _chunk_sent_locked(self, chunk: AudioChunk) -> None:
         if self._by_marks:

@@ -19,6 +19,7 @@ import threading
 from typing import Any, Protocol
 
 from parley import metrics
+from parley.agent.hold_sound import HoldSound
 from parley.call_signals import CallSignals
 from parley.log import event
 from parley.outbound import Outbound
@@ -96,6 +97,7 @@ class Replies:
         self._lock = threading.Lock()
         self._active: Response | None = None  # the reply on its way now: the one a barge-in cuts
         self._hang_up_due = False  # the agent said goodbye: hang up once the caller heard it
+        self._last_line: tuple[Response, str] | None = None  # a line said, then the hang-up's reason
         self._lost_turns = 0  # turns an engine failed on (apologised for)
         self._ended = threading.Event()
 
@@ -143,9 +145,13 @@ class Replies:
         self._drop_active(draft)
         event(log, "speculation_wasted", logging.DEBUG, call_id=self.call_id, turn_id=draft.tag.turn_id)
 
-    def say(self, text: str) -> None:
-        """Speak `text` outside any turn (the greeting, an apology)."""
-        response = Response(Tag(None, None, self.scope.generation))
+    def say(self, text: str, *, key: str | None = None, then_hang_up: str = "") -> None:
+        """Speak `text` outside any turn (the greeting, an apology, an idle prompt), kept in the history
+        under `key` (the greeting's when None). `then_hang_up`: once the caller has heard all of it, the
+        call ends with that reason; a line the caller cuts by speaking leaves the call up."""
+        response = Response(Tag(key, None, self.scope.generation))
+        if then_hang_up:
+            self._last_line = (response, then_hang_up)
         self._make_active(response)
         self.inboxes.speak(ReplyText(response, text))
         self.inboxes.speak(ReplyText(response, "", final=True))
@@ -186,6 +192,15 @@ class Replies:
         self.outbound.push(EndOfCall(reason))
 
     # the agent's side
+
+    def loop_sound(self, tag: Tag, sound: HoldSound) -> None:
+        """Play `sound` over and over under the reply `tag` while none of its audio waits (a tool runs
+        long), until `stop_sound` or the reply is cut; no words of the reply are heard in it."""
+        self.outbound.loop(tag, sound.at(self.outbound.rate))
+
+    def stop_sound(self) -> None:
+        """The looped sound stops at once, mid-clip (the tool's result came)."""
+        self.outbound.stop_loop()
 
     def hang_up_after_reply(self) -> None:
         """The agent said goodbye (end_call): the call hangs up once the caller has heard the reply."""
@@ -300,7 +315,10 @@ class Replies:
         self._drop_active(response)
         if latest and not self.scope.is_stale(response.tag.generation):
             self.commit(response, interrupted=False)
-            if self._hang_up_due and self.line is not None:
+            last_line = self._last_line
+            if last_line is not None and last_line[0] is response and self.line is not None:
+                self.line.hang_up(last_line[1])  # the caller has now heard all of the closing line
+            elif self._hang_up_due and self.line is not None:
                 self.line.hang_up("agent_hangup")  # the caller has now heard all of the goodbye
         if not self.active() and not (self.turns is not None and self.turns.in_turn):
             self.signals.set_state("listening")

@@ -19,11 +19,16 @@ from parley import metrics
 from parley.agent.agentfile import Agent, load_agents
 from parley.agent.events import CallEvents, EventOutbox
 from parley.agent.tools import ToolRunner
+from parley.analysis.analyses import CallAnalyses
+from parley.answering import AmdRecords
 from parley.config import Settings
 from parley.engines import Engines, load_engines
 from parley.engines.deadlines import with_deadlines
+from parley.engines.llm import LlmEngine
+from parley.idle import IdlePrompts
 from parley.log import event
 from parley.ratelimit import Source, SourceLimiter, source_key
+from parley.recording import Recordings
 from parley.records import CallRecords, open_records
 from parley.registry import CallRegistry
 from parley.watchdog import CallWatchdog
@@ -64,12 +69,33 @@ class Runtime:
         self.outbox = (
             EventOutbox(settings.events_url, settings.webhook_secret) if settings.events_url else None
         )
+        # Post-call analyses, where an agent file asks for them ([analysis]): on the shared LLM, after
+        # the live calls' work.
+        self.analyses: CallAnalyses | None = None
+        if any(agent.analysis is not None for agent in self.agents.values()):
+            self.analyses = CallAnalyses(
+                self._llm,
+                self.registry.active,
+                keep=self._keep_analysis,
+                publish=self._publish_analysis,
+                queue_size=settings.analysis_queue,
+            )
+            self.registry.observers.append(self.analyses)
+        # Call recordings (--record-audio, an agent file's record_audio): written and stored off the calls.
+        self.recordings = Recordings(
+            settings, settings.resolved_data_dir(), self._keep_recording, max_calls=settings.max_calls
+        )
+        self.registry.observers.append(self.recordings)
+        self.registry.observers.append(AmdRecords(self._keep_amd))  # who answered outbound calls
         # Per source address, shared by every transport: one flood cannot take every line.
         self.setup_limiter = SourceLimiter(
             settings.setup_rate, settings.setup_burst, settings.rate_limit_exempt
         )
-        self.watchdog = CallWatchdog(self.registry, settings.max_call_s, settings.max_silence_s)
-        self.registry.observers.append(self.watchdog)
+        self.idle = IdlePrompts(settings.idle_prompt_after_s)  # off for agents that leave it off
+        self.watchdog = CallWatchdog(
+            self.registry, settings.max_call_s, settings.max_silence_s, clocked=(self.idle,)
+        )
+        self.registry.observers += [self.watchdog, self.idle]
         self._call_engines: tuple[Engines, Engines] | None = None
         metrics.CALLS_MAX.set(settings.max_calls)
         metrics.READY.set_function(lambda: float(self.not_ready_reason() is None))
@@ -98,6 +124,31 @@ class Runtime:
         if self.call_events is None:
             return lambda kind, data: None
         return self.call_events.publisher(call_id, self.settings.record_transcripts)
+
+    def _keep_amd(self, call_id: str, amd: dict[str, Any]) -> None:
+        if self.records is not None:
+            self.records.keep_after(call_id, "amd", amd)
+
+    def _keep_recording(self, call_id: str, recording: dict[str, Any]) -> None:
+        if self.records is not None:
+            self.records.keep_after(call_id, "recording", recording)
+
+    def _llm(self) -> LlmEngine | None:
+        return self.engines.llm if self.engines is not None else None
+
+    def _keep_analysis(self, call_id: str, analysis: dict[str, Any]) -> None:
+        if self.records is not None:
+            self.records.keep_after(call_id, "analysis", analysis)
+
+    def _publish_analysis(self, call_id: str, kind: str, data: dict[str, Any]) -> None:
+        if self.outbox is not None:
+            self.outbox.publish(call_id, kind, data)
+
+    def after_call(self, call_id: str) -> dict[str, Any]:
+        """What became known of a call in memory after its turns (`analysis`), for `GET /api/calls/<id>`;
+        a call's stored record has it too."""
+        analysis = self.analyses.known(call_id) if self.analyses is not None else None
+        return {"analysis": analysis} if analysis is not None else {}
 
     def agent(self, name: str | None) -> Agent:
         """The agent a call asked for by name (None: the default); UnknownAgent if there is none."""
@@ -131,6 +182,7 @@ class Runtime:
     def start_loading(self) -> None:
         """Load the models in a thread unless they were given (readiness says when they are in)."""
         self.watchdog.start()
+        self.recordings.start()
         if self.engines is not None:
             metrics.MODELS_READY.set(1)
             return
@@ -206,6 +258,9 @@ class Runtime:
     async def close(self) -> None:
         """End every call, then release the engines this runtime loaded."""
         await self.registry.end_all("shutdown")
+        if self.analyses is not None:  # before the records and the outbox close: what it kept goes out
+            await asyncio.to_thread(self.analyses.close)
+        await asyncio.to_thread(self.recordings.close)  # before the records close: where each one is
         await self.watchdog.close()
         if self.records is not None:
             self.registry.observers.remove(self.records)

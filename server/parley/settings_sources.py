@@ -24,6 +24,7 @@ from parley.config import (
     rtp_port_range,
     sip_address,
 )
+from parley.engine_settings import DENOISERS
 from parley.settings_option import SECTIONS
 from parley.sip_settings import SipSettings
 
@@ -205,6 +206,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError(
             f"llm_runtime must be one of {', '.join(LLM_RUNTIMES)}, not {settings.llm_runtime!r}"
         )
+    if settings.denoise not in DENOISERS:
+        raise SettingsError(f"denoise must be one of {', '.join(DENOISERS)}, not {settings.denoise!r}")
     if settings.sip != "off":
         sip_address(settings.sip)
         validate_sip_security(settings)
@@ -221,6 +224,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError(f"database must be '', 'off' or a postgresql:// URL, not {settings.database!r}")
     if settings.retention_days < 0:
         raise SettingsError("retention_days must be 0 (keep forever) or more")
+    if (recording_problem := settings.recording_problem()) is not None:
+        raise SettingsError(recording_problem)
     if not 0.0 < settings.vad_threshold < 1.0:
         raise SettingsError("vad_threshold must be between 0 and 1")
     for name in ("min_speech_ms", "end_of_turn_ms", "blip_silence_ms", "backchannel_max_ms"):
@@ -256,7 +261,14 @@ def validate_access_and_limits(settings: Settings) -> None:
     for name in ("max_sdp_bytes", "max_m_lines", "max_ice_candidates", "max_dc_message_bytes"):
         if getattr(settings, name) < 1:
             raise SettingsError(f"{name} must be at least 1")
-    for name in ("setup_rate", "media_timeout_s", "max_call_s", "max_silence_s", "engine_timeout_s"):
+    for name in (
+        "setup_rate",
+        "media_timeout_s",
+        "max_call_s",
+        "max_silence_s",
+        "idle_prompt_after_s",
+        "engine_timeout_s",
+    ):
         if getattr(settings, name) < 0:
             raise SettingsError(f"{name} must be 0 or more")
     for name in ("connect_timeout_s", "call_token_ttl_s", "turn_ttl_s", "max_turn_s"):

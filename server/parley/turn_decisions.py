@@ -4,7 +4,9 @@ Everything here runs on the call's VAD thread and is quick: pause, resume or int
 a turn; start a speculative reply at a pause (pipeline/speculation.py), adopt it when the turn ends there
 or drop it unheard when the caller goes on; reopen a turn; take a keypad entry as a turn of its own.
 The replies (replies.py) do what happens to a reply; this says when, and hands the caller's audio and
-questions to the stages.
+questions to the stages. While the call's `Floor` says it is not listening (an outbound call's
+answering-machine check deciding, or a machine on the line: answering.py), the caller's turns start no
+reply and their speech cuts nothing: a recorded greeting is not a caller's question.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from parley import metrics
 from parley.call_signals import CallSignals
 from parley.engines.stt import Transcription
 from parley.log import event
-from parley.pipeline.history import Conversation
+from parley.pipeline.history import Conversation, caller_turn_id
 from parley.pipeline.messages import (
     BackchannelQuery,
     EarlyUtterance,
@@ -44,6 +46,12 @@ class TurnInboxes(Protocol):
     def ask_turn_end(self, query: TurnEndQuery) -> None: ...
 
 
+class Floor(Protocol):
+    """Whether the caller's speech is answered now (answering.py's AnsweringCheck)."""
+
+    def listening(self) -> bool: ...
+
+
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +68,7 @@ class TurnDecisions:
         conversation: Conversation,
         *,
         speculative: bool,
+        floor: Floor | None = None,
     ) -> None:
         self.call_id = call_id
         self.replies = replies
@@ -68,10 +77,16 @@ class TurnDecisions:
         self.tracker = tracker
         self.conversation = conversation
         self.speculative = speculative
+        self.floor = floor
+        self._unheard = ""  # a turn that began while the floor was shut: withheld even if it opens meanwhile
         self._turn_numbers = itertools.count(1)
 
+    def listening(self, turn_id: str = "") -> bool:
+        return (self.floor is None or self.floor.listening()) and not (turn_id and turn_id == self._unheard)
+
     def agent_active(self) -> bool:
-        return self.replies.active()
+        # Not listening, speech over the agent is no barge-in: a machine's greeting never cuts its message.
+        return self.replies.active() and self.listening()
 
     # speech over the agent
 
@@ -112,12 +127,15 @@ class TurnDecisions:
     # the caller's turns
 
     def open_turn(self) -> str:
-        turn_id = f"{self.call_id}:turn-{next(self._turn_numbers)}"
+        turn_id = caller_turn_id(self.call_id, next(self._turn_numbers))
         metrics.TURNS_TOTAL.inc()
+        if not self.listening():
+            self._unheard = turn_id
         return turn_id
 
     def user_started_speaking(self) -> None:
-        self.signals.set_state("user_speaking")
+        if self.listening():
+            self.signals.set_state("user_speaking")
 
     def speech_paused(
         self,
@@ -127,18 +145,26 @@ class TurnDecisions:
         speech_end: float,
         heard: Transcription | None = None,
     ) -> None:
+        if not self.listening(turn_id):
+            return
         draft = self.replies.start_draft(turn_id, revision, speech_end) if self.speculative else None
         generation = self.replies.generation
         self.inboxes.hear(EarlyUtterance(turn_id, revision, audio, speech_end, heard, draft, generation))
 
     def judge_turn_end(self, speech_end: float, audio: np.ndarray) -> None:
-        self.inboxes.ask_turn_end(TurnEndQuery(speech_end, audio))
+        if self.listening():
+            self.inboxes.ask_turn_end(TurnEndQuery(speech_end, audio))
 
     def speech_resumed(self, turn_id: str, revision: int) -> None:
         """The caller went on after a pause: the reply started at that pause is cancelled unheard."""
         self.replies.cancel_draft()
 
     def turn_ended(self, turn_id: str, revision: int, audio: np.ndarray, speech_end: float) -> None:
+        if not self.listening(turn_id):
+            # Final as it is: speech after it is a turn of its own, not a reopening of one nobody answered.
+            self.tracker.commit(turn_id, revision)
+            event(log, "turn_withheld", logging.DEBUG, call_id=self.call_id, turn_id=turn_id)
+            return
         held_events = self.replies.adopt(turn_id, revision, speech_end)
         if held_events is not None:
             # The reply started at the pause was for exactly this speech: it is the turn's reply.
@@ -151,6 +177,8 @@ class TurnDecisions:
         self.signals.set_state("thinking")
 
     def reopen_confirmed(self, turn_id: str, base: int, candidate: int) -> None:
+        if not self.listening():
+            return
         if self.replies.supersede():
             self.signals.emit({"type": "agent_cancelled", "turn_id": turn_id})
         self.signals.set_state("user_speaking")
@@ -161,6 +189,8 @@ class TurnDecisions:
 
         Keys pressed while the agent talks stop it, as on any phone menu.
         """
+        if not self.listening():
+            return
         now = time.monotonic()
         if self.replies.active():
             self.interrupt_agent(now, by="keypad")

@@ -9,6 +9,10 @@ as any hang-up: the transport closes its side (SIP sends BYE, a carrier stream c
 Silence is time spent in the `listening` state: not while the caller speaks, the agent thinks or talks,
 or keys are pressed. Before the media connects a call is `starting`; the transport's own connect timeout
 ends those.
+
+Parts that act on calls in time without ending them tick on the same clock (`clocked`: the idle prompts,
+idle.py), so no call needs a thread or timer of its own. An idle prompt is the agent talking: it starts
+the silence count again, so prompts shorter than `--max-silence-s` end a quiet call first (as `idle`).
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from parley.call import Call
 from parley.log import event
@@ -31,11 +35,24 @@ TICK_S = 0.5
 ACTIVITY_EVENTS = frozenset({"dtmf", "agent_paused", "user_transcript"})
 
 
+class Clocked(Protocol):
+    """A part that acts on the calls on the watchdog's clock (on the event loop; must not block)."""
+
+    def tick(self, now: float) -> None: ...
+
+
 class CallWatchdog:
-    def __init__(self, registry: CallRegistry, max_call_s: float, max_silence_s: float) -> None:
+    def __init__(
+        self,
+        registry: CallRegistry,
+        max_call_s: float,
+        max_silence_s: float,
+        clocked: Sequence[Clocked] = (),
+    ) -> None:
         self.registry = registry
         self.max_call_s = max_call_s
         self.max_silence_s = max_silence_s
+        self.clocked = tuple(clocked)
         self._lock = threading.Lock()
         self._quiet_since: dict[str, float | None] = {}  # call id -> since when it is `listening`
         self._unwatch: dict[str, Callable[[], None]] = {}
@@ -75,7 +92,7 @@ class CallWatchdog:
     # the clock
 
     def start(self) -> None:
-        if self._task is None and (self.max_call_s > 0 or self.max_silence_s > 0):
+        if self._task is None and (self.max_call_s > 0 or self.max_silence_s > 0 or self.clocked):
             self._task = asyncio.ensure_future(self._run())
 
     async def close(self) -> None:
@@ -105,6 +122,11 @@ class CallWatchdog:
                 self._end(call, "max_duration", call_s=round(wall - call.started_at, 1))
             elif self.max_silence_s > 0 and since is not None and now - since >= self.max_silence_s:
                 self._end(call, "silence", silent_s=round(now - since, 1))
+        for part in self.clocked:
+            try:
+                part.tick(now)
+            except Exception:
+                log.exception("watchdog_part_failed")
         self.registry.follow_stuck_threads()
 
     def _end(self, call: Call, reason: str, **fields: Any) -> None:

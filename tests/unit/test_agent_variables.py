@@ -129,7 +129,7 @@ def test_a_caller_sets_only_declared_names_and_never_a_token_s_or_the_service_s(
     )
     call = call_for(Agent("orders", "Orders.", caller_variables=("order_id", "language")), origin)
     found = call.variables()
-    assert call.context == {"order_id": "A-1", "plan": "gold", "language": "fr"}
+    assert call.origin.values == {"order_id": "A-1", "plan": "gold", "language": "fr"}
     assert found["call_id"] == "c-vars" and found["caller"] == "sip:alice@example.com"
     assert [found.source(n) for n in ("order_id", "plan", "language", "caller", "call_id", "now")] == [
         TOKEN,

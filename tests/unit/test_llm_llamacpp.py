@@ -18,7 +18,7 @@ from parley.engines.device import cpu_threads
 from parley.engines.llm import LlmError, Message
 from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm, _most_urgent, _Request
 from parley.engines.llm_loading import load_llm
-from parley.engines.urgency import HELD, URGENCY
+from parley.engines.urgency import HELD, URGENCY, never_due
 from parley.settings_sources import SettingsError, validate
 from tests.unit.test_engines_llm import BOOK, HELLO, looks_english, never, replies_asked_together
 
@@ -275,6 +275,45 @@ def test_a_step_is_for_the_replies_due_first() -> None:
     soon, as_soon, later = request(100.1), request(100.12), request(101)
     assert _most_urgent([later, soon]) == [soon]
     assert _most_urgent([later, as_soon, soon]) == [as_soon, soon]  # due together: they share it
+
+
+def test_work_of_no_live_call_waits_while_a_call_s_reply_is_in_flight_and_goes_on_after(
+    llm: LlamaCppLlm,
+) -> None:
+    # A post-call analysis (engines/urgency.py: due NEVER) is writing when a caller's reply is asked for.
+    done = threading.Event()
+    schema = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+    asked: list[Message] = [{"role": "user", "content": "Tell me a long story about Rome, as JSON."}]
+    written: list[str] = []
+
+    def analysis() -> None:
+        token = URGENCY.set(never_due)
+        try:
+            written.append(llm.json_reply(asked, schema, done.is_set, max_tokens=200))
+        finally:
+            URGENCY.reset(token)
+
+    thread = threading.Thread(target=analysis)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (background := [r for r in list(llm._active) if r.background and len(r.said) >= 3]):
+            assert time.monotonic() < deadline, "the analysis did not start"
+            time.sleep(0.01)
+        before = len(background[0].said)
+        reply = "".join(llm.stream(HELLO, never))
+        after = len(background[0].said)
+        deadline = time.monotonic() + 30
+        while len(background[0].said) <= after + 1:  # once the reply is done, the analysis goes on
+            assert time.monotonic() < deadline, "the analysis did not go on after the reply"
+            time.sleep(0.01)
+    finally:
+        done.set()
+        thread.join()
+
+    assert looks_english(reply), reply
+    assert after - before <= 1, f"the analysis went {after - before} tokens on during the reply"
+    assert written and written[0].lstrip().startswith("{") and '"story": "' in written[0], written  # its JSON
 
 
 def test_a_caller_waiting_while_it_decides_whether_to_stop_holds_its_reply_at_once(llm: LlamaCppLlm) -> None:

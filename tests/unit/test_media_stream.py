@@ -290,8 +290,12 @@ async def test_the_caller_hears_the_greeting_as_media_each_chunk_followed_by_a_m
     carrier = await streaming(client, parameters={"caller": "+15550001111", "called": "+1555", "team": "x"})
     try:
         call = await wait_for_call(client)
-        assert call.transport == "twilio" and call.caller == "+15550001111" and call.called == "+1555"
-        assert call.context == {}  # the default agent declares no caller_variables: none is set
+        assert (
+            call.transport == "twilio"
+            and call.origin.caller == "+15550001111"
+            and call.origin.called == "+1555"
+        )
+        assert call.origin.values == {}  # the default agent declares no caller_variables: none is set
 
         def sent() -> bytes:
             return b"".join(base64.b64decode(m["media"]["payload"]) for m in carrier.events("media"))
@@ -474,7 +478,7 @@ async def test_a_stream_must_present_the_token_its_webhook_minted(tmp_path: Path
         assert "invalid" in await refused(c, parameters={**params, TOKEN_PARAMETER: "9999999999.caf\u00e9"})
         carrier = await streaming(c, parameters=params, call_sid="CA9")
         call = await wait_for_call(c)
-        assert TOKEN_PARAMETER not in call.context and call.context["team"] == "sales"
+        assert TOKEN_PARAMETER not in call.origin.values and call.origin.values["team"] == "sales"
         await carrier.close()
         await no_calls(c)
         assert "used" in await refused(c, parameters=params, call_sid="CA9")  # one stream per token
@@ -492,7 +496,11 @@ async def test_a_telnyx_stream_in_pcma_is_heard_and_answered_without_a_stream_id
     carrier.echo = True
     try:
         call = await wait_for_call(client)
-        assert call.transport == "telnyx" and call.caller == "+15550001111" and call.called == "+15550002222"
+        assert (
+            call.transport == "telnyx"
+            and call.origin.caller == "+15550001111"
+            and call.origin.called == "+15550002222"
+        )
         await carrier.wait(lambda: carrier.events("mark"))
         assert all("streamSid" not in m and "stream_id" not in m for m in carrier.events("media"))
         await carrier.wait(lambda: call.details()["transcript"])

@@ -43,7 +43,8 @@ DESIGN_METRICS = {
     "parley_calls_max": set(),
     "parley_ready": set(),
 }
-BOUNDED_LABELS = {"transport", "outcome", "stage", "reason", "engine", "type", "le"}  # type: event kinds
+# type: event kinds; result: who answered an outbound call (amd.py's four verdicts)
+BOUNDED_LABELS = {"transport", "outcome", "stage", "reason", "engine", "type", "result", "le"}
 
 
 def families() -> dict[str, set[str]]:

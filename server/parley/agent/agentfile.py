@@ -5,10 +5,17 @@ system_prompt = "You are the order desk of Acme. The caller is {caller}."
 greeting = "Acme orders, how can I help?"
 hold_phrase = "One moment while I look that up."   # said once when a tool runs longer than hold_after_ms
 hold_after_ms = 700
+hold_sound = "hold.wav"                             # looped while a tool runs past hold_after_ms
 yield_phrase = "Sure, go ahead."                    # said for "wait" or "hold on", not a reply ("": off)
+idle_prompt_after_s = 10                            # a silent caller is prompted (0: off; default: the
+                                                    #   service's --idle-prompt-after-s, off unless set)
+idle_prompt = "Are you still there, {caller}?"      # said up to idle_prompts times (default 2)
+idle_closing = "I'll hang up now. Goodbye."         # then this, and the call ends with outcome "idle"
 caller_variables = ["order_id", "language"]         # what a call's context may set (others dropped)
 sip_headers = ["X-Customer-Id"]                     # SIP headers whose values become variables
 sip_users = ["+15551234567", "500"]                 # request-URI users that reach this agent ("*": any)
+record_audio = true                                 # record its calls, whatever --record-audio says
+recording_notice = "This call is recorded."         # said first (before the greeting) on a recorded call
 
 [[tools]]
 name = "lookup_order"
@@ -22,7 +29,23 @@ parameters = { type = "object", properties = { number = { type = "string" } }, r
 end_call = true
 transfer = ["sip:desk@pbx.example.com", "+15551234567"]
 send_dtmf = true
+
+[analysis]                                          # asked of each call once it has ended (analysis/)
+summary = true
+schema = { type = "object", properties = { resolved = { type = "boolean" } }, required = ["resolved"] }
+success = "the caller's order status was given"
+
+[voicemail]                                         # the agent's outbound calls (agent/voicemail.py)
+detect = true                                       # who answered: human, machine, ivr or unknown (amd.py)
+on_machine = "leave_message"                        # after the beep, then hang up; or "hang_up" at once
+message = "Hi {name}, this is Acme about your order. Please call us back."
 ```
+
+`hold_sound` is a WAV file of linear PCM (8-48 kHz, a fraction of a second to half a minute; a path
+relative to the agent file's folder), checked when the file is read. It plays after the hold phrase,
+looped, until the tool's result or the caller's speech arrives, and stops there mid-clip; the caller's
+share of the reply (what the history keeps) has no words for it. The idle lines are templates over the
+call's variables, as the greeting is; speech or a keypad press from the caller starts their count again.
 
 A call's context (the offer's `context`, a carrier's custom parameters, the `sip_headers`, which become
 `x_customer_id` and so on) sets only the variables the file declares: `caller_variables` and the
@@ -45,8 +68,11 @@ from typing import Any
 
 import jsonschema
 
+from parley.agent.analysis_spec import AnalysisSpec, read_analysis
+from parley.agent.hold_sound import HoldSound, HoldSoundError, load_hold_sound
 from parley.agent.templates import is_plain_name, placeholders
 from parley.agent.variables import SERVICE_NAMES
+from parley.agent.voicemail import Voicemail, read_voicemail
 from parley.config import SettingsError
 
 DEFAULT_HOLD_AFTER_MS = 700
@@ -55,6 +81,11 @@ DEFAULT_HOLD_AFTER_MS = 700
 # "Hold on." and "Uh, wait." alike), and those refusals then led it to refuse the next requests.
 DEFAULT_YIELD_PHRASE = "Sure, go ahead."
 DEFAULT_TOOL_TIMEOUT_MS = 5000
+DEFAULT_IDLE_PROMPTS = 2
+DEFAULT_IDLE_PROMPT = "Are you still there?"
+DEFAULT_IDLE_CLOSING = "I'll hang up now. Goodbye."
+MAX_IDLE_PROMPT_AFTER_S = 600
+MAX_IDLE_PROMPTS = 10
 MAX_TOOL_TIMEOUT_MS = 120_000
 BUILTIN_NAMES = ("end_call", "transfer", "send_dtmf")
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
@@ -67,11 +98,20 @@ _TOP_KEYS = {
     "greeting",
     "hold_phrase",
     "hold_after_ms",
+    "hold_sound",
     "yield_phrase",
+    "idle_prompt_after_s",
+    "idle_prompts",
+    "idle_prompt",
+    "idle_closing",
     "sip_headers",
     "caller_variables",
+    "record_audio",
+    "recording_notice",
     "tools",
     "builtins",
+    "analysis",
+    "voicemail",
 }
 _TOOL_KEYS = {"name", "description", "parameters", "url", "python", "side_effects", "timeout_ms"}
 _BUILTIN_KEYS = {"end_call", "transfer", "send_dtmf"}
@@ -125,6 +165,15 @@ class Agent:
     sip_headers: tuple[str, ...] = ()
     sip_users: tuple[str, ...] = ()  # request-URI users (numbers, extensions; "*": any) that reach it
     caller_variables: tuple[str, ...] = ()  # the variables a call's context may set
+    record_audio: bool | None = None  # recorded or not whatever --record-audio says; None: as it says
+    recording_notice: str = ""  # a template, said first on a recorded call (recording/)
+    analysis: AnalysisSpec | None = None  # what is asked of each call once it has ended (analysis/)
+    hold_sound: HoldSound | None = None  # looped while a tool runs past hold_after_ms
+    idle_prompt_after_s: float | None = None  # None: the service's --idle-prompt-after-s (idle.py)
+    idle_prompts: int = DEFAULT_IDLE_PROMPTS
+    idle_prompt: str = DEFAULT_IDLE_PROMPT
+    idle_closing: str = DEFAULT_IDLE_CLOSING
+    voicemail: Voicemail = field(default_factory=Voicemail)  # on a call it dialled: a machine answering
 
     def tool(self, name: str) -> ToolSpec | None:
         return next((t for t in self.tools if t.name == name), None)
@@ -223,6 +272,15 @@ class _Reader:
         builtins = self.builtins(data.get("builtins", {}))
         for template_key in ("system_prompt", "greeting", "hold_phrase", "yield_phrase"):
             self._string(data, template_key, "")  # type-checked here, placeholders below
+        record_audio = data.get("record_audio")
+        if record_audio is not None and not isinstance(record_audio, bool):
+            raise self.fail("record_audio must be true or false", "record_audio")
+        idle_after, idle_prompts = self.idle_timing(data)
+        idle_lines: dict[str, str] = {}
+        for key, default in (("idle_prompt", DEFAULT_IDLE_PROMPT), ("idle_closing", DEFAULT_IDLE_CLOSING)):
+            idle_lines[key] = self._string(data, key, default)
+            if not idle_lines[key].strip():
+                raise self.fail(f"{key} must say something (leave it out for the default)", key)
         return Agent(
             name=name,
             system_prompt=prompt,
@@ -235,7 +293,44 @@ class _Reader:
             sip_headers=tuple(headers),
             sip_users=tuple(users),
             caller_variables=tuple(declared),
+            record_audio=record_audio,
+            recording_notice=self._string(data, "recording_notice", ""),
+            analysis=read_analysis(data["analysis"], self.fail) if "analysis" in data else None,
+            hold_sound=self.hold_sound(data),
+            idle_prompt_after_s=idle_after,
+            idle_prompts=idle_prompts,
+            idle_prompt=idle_lines["idle_prompt"],
+            idle_closing=idle_lines["idle_closing"],
+            voicemail=read_voicemail(data.get("voicemail", {}), self.fail),
         )
+
+    def idle_timing(self, data: Mapping[str, Any]) -> tuple[float | None, int]:
+        after = data.get("idle_prompt_after_s")
+        if after is not None and (
+            not isinstance(after, int | float)
+            or isinstance(after, bool)
+            or not 0 <= after <= MAX_IDLE_PROMPT_AFTER_S
+        ):
+            raise self.fail(
+                f"idle_prompt_after_s must be seconds (0: off, up to {MAX_IDLE_PROMPT_AFTER_S})",
+                "idle_prompt_after_s",
+            )
+        prompts = data.get("idle_prompts", DEFAULT_IDLE_PROMPTS)
+        if not isinstance(prompts, int) or isinstance(prompts, bool) or not 0 <= prompts <= MAX_IDLE_PROMPTS:
+            raise self.fail(f"idle_prompts must be an integer (0-{MAX_IDLE_PROMPTS})", "idle_prompts")
+        return (None if after is None else float(after)), prompts
+
+    def hold_sound(self, data: Mapping[str, Any]) -> HoldSound | None:
+        value = self._string(data, "hold_sound", "")
+        if not value:
+            return None
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            path = self.file.parent / path  # beside the agent file, wherever the service started
+        try:
+            return load_hold_sound(path)
+        except HoldSoundError as exc:
+            raise self.fail(f"hold_sound {str(path)!r}: {exc}", "hold_sound") from None
 
     def _string(self, data: Mapping[str, Any], key: str, default: str) -> str:
         value = data.get(key, default)
@@ -343,4 +438,8 @@ def template_names(agent: Agent) -> set[str]:
         | placeholders(agent.greeting)
         | placeholders(agent.hold_phrase)
         | placeholders(agent.yield_phrase)
+        | placeholders(agent.recording_notice)
+        | placeholders(agent.idle_prompt)
+        | placeholders(agent.idle_closing)
+        | placeholders(agent.voicemail.message)
     )

@@ -18,11 +18,31 @@ Bench = Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]]
 
 
 def add_bench_parser(commands: Any) -> None:
-    from parley.bench import answers, backchannels, calls, capacity, interruption, response, tools
+    from parley.bench import (
+        answering_machines,
+        answers,
+        backchannels,
+        calls,
+        capacity,
+        interruption,
+        noise,
+        response,
+        tools,
+    )
 
     bench = commands.add_parser("bench", help="run a benchmark (at the caller)", description=__doc__)
     names = bench.add_subparsers(dest="bench", required=True, metavar="NAME")
-    for module in (response, interruption, backchannels, calls, capacity, answers, tools):
+    for module in (
+        response,
+        interruption,
+        backchannels,
+        calls,
+        capacity,
+        answers,
+        tools,
+        noise,
+        answering_machines,
+    ):
         parser = names.add_parser(module.NAME, help=module.HELP, description=module.__doc__)
         parser.add_argument("--url", default="", help="a running service; default: start one on a free port")
         parser.add_argument("--json", default="", help="write results here (default bench-NAME.json)")

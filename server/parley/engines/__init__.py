@@ -18,6 +18,8 @@ from typing import TypeVar
 from parley.config import Settings
 from parley.engine_settings import EngineSettings
 from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source
+from parley.engines.denoise import Denoiser, load_denoiser
+from parley.engines.denoise_workers import DenoiseWorkers
 from parley.engines.device import resolve_device, single_threaded_blas
 from parley.engines.llm import LlmEngine
 from parley.engines.llm_loading import llm_runtime, load_llm
@@ -43,14 +45,19 @@ class Engines:
     llm: LlmEngine
     tts: TtsEngine
     turn_end: SmartTurn | None = None  # has the caller finished? (None: silence alone decides)
+    denoiser: Denoiser | None = None  # cleans the caller's audio before the VAD (None: --denoise off)
     vad_worker: VadWorker = field(init=False)  # runs every call's VAD stage, batching the VAD model
+    denoise_workers: DenoiseWorkers | None = field(init=False)  # run every call's denoise stage
 
     def __post_init__(self) -> None:
         self.vad_worker = VadWorker(self.vad)
+        self.denoise_workers = DenoiseWorkers() if self.denoiser is not None else None
 
     def close(self) -> None:
         """Stop the worker threads of the engines that have them (idempotent)."""
         self.vad_worker.close()
+        if self.denoise_workers is not None:
+            self.denoise_workers.close()
         for engine in (self.stt, self.llm, self.tts, self.vad):
             close = getattr(engine, "close", None)
             if callable(close):
@@ -85,6 +92,7 @@ def load_engines(settings: Settings) -> Engines:
         loaded.append(llm)
         tts = _timed("tts", settings, load_tts)
         turn_end = _timed("turn_end", settings, load_turn_end) if turn_model_path(settings) else None
+        denoiser = _timed("denoise", settings, _denoiser) if settings.denoise != "off" else None
     except BaseException:
         for engine in loaded:
             close = getattr(engine, "close", None)
@@ -94,7 +102,11 @@ def load_engines(settings: Settings) -> Engines:
     # After the engines: a BLAS library one of them loaded is kept to one thread too.
     blas_threads = single_threaded_blas()
     event(log, "engines_loaded", seconds=round(time.perf_counter() - started, 2), blas_threads=blas_threads)
-    return Engines(vad=vad, stt=stt, llm=llm, tts=tts, turn_end=turn_end)
+    return Engines(vad=vad, stt=stt, llm=llm, tts=tts, turn_end=turn_end, denoiser=denoiser)
+
+
+def _denoiser(settings: EngineSettings) -> Denoiser | None:
+    return load_denoiser(settings.denoise)
 
 
 def prepare_models(settings: Settings) -> None:
@@ -125,6 +137,16 @@ def prepare_models(settings: Settings) -> None:
     step("tts", lambda: voice_files(settings.tts_voice)[0])
     if turn_model_path(settings) is not None:
         step("turn_end", lambda: load_turn_end(settings).model_path)
+    if settings.denoise != "off":
+        step("denoise", lambda: _loads_a_stream(settings.denoise))
+
+
+def _loads_a_stream(name: str) -> str:
+    """The denoiser, tried: its library loads and makes (and frees) a stream."""
+    denoiser = load_denoiser(name)
+    if denoiser is not None:
+        denoiser.new_stream().close()
+    return name
 
 
 def _prepare_stt(settings: EngineSettings, cache_dir: Path) -> object:

@@ -8,6 +8,9 @@ looks for the chat template's tags, and Qwen2.5-Coder-0.5B behind it wrote fence
 JSON alone, which came back as text to be spoken. When the server returns no `tool_calls`, the calls
 the model wrote in its text (`<tool_call>` tags; a fenced block, or a reply that is only JSON, naming an
 offered tool) are taken from it (engines/toolcalls.py) and never spoken.
+
+A reply held to a JSON Schema (a post-call analysis: `json_reply`) is asked for with OpenAI's
+`response_format` of type `json_schema`, which vLLM, llama.cpp's server and Ollama's OpenAI API honour.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 
 from parley.engines.llm import ENDPOINT_TIMEOUT_S, LlmError, Message, Tools
 from parley.engines.toolcalls import TaggedToolCalls, ToolCall, ToolCallAccumulator
+
+JSON_REPLY_TOKENS = 256  # a JSON reply's tokens at most (a post-call extraction or verdict)
 
 
 class OpenAiLlm:
@@ -91,6 +96,35 @@ class OpenAiLlm:
             request["tools"] = tools
             if not calls:
                 request["tool_choice"] = "none"
+        yield from self._post(request, should_stop, tools, calls)
+
+    def json_reply(
+        self,
+        messages: list[Message],
+        schema: dict[str, Any],
+        should_stop: Callable[[], bool],
+        *,
+        max_tokens: int = JSON_REPLY_TOKENS,
+    ) -> str:
+        """The reply as JSON of `schema`, asked for as OpenAI's structured output (`response_format`)."""
+        if should_stop():
+            return ""
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "temperature": self.temperature,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "analysis", "schema": schema},
+            },
+        }
+        return "".join(d for d in self._post(request, should_stop, None, False) if isinstance(d, str))
+
+    def _post(
+        self, request: dict[str, Any], should_stop: Callable[[], bool], tools: Tools | None, calls: bool
+    ) -> Iterator[str | ToolCall]:
         body = json.dumps(request).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self._api_key:

@@ -14,7 +14,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from parley.engines.toolcalls import CLOSE_TAG, OPEN_TAG, TaggedToolCalls, ToolCall
 
@@ -43,6 +43,23 @@ class LlmEngine(Protocol):
         """Reply text as it comes, and the tools the model asks for (when it was offered `tools`).
         `calls=False`: the tools stay in the prompt (as the conversation's other prompts have them), but
         this reply is words only."""
+        ...
+
+
+@runtime_checkable
+class JsonReplies(Protocol):
+    """An engine that can hold a whole reply to a JSON Schema (llama.cpp by the schema's grammar, an
+    endpoint by its `response_format`): what a post-call analysis asks for (analysis/)."""
+
+    def json_reply(
+        self,
+        messages: list[Message],
+        schema: dict[str, Any],
+        should_stop: Callable[[], bool],
+        *,
+        max_tokens: int = ...,
+    ) -> str:
+        """The reply's text: JSON of `schema` when the reply ended by itself ("" when stopped first)."""
         ...
 
 

@@ -18,6 +18,12 @@ tokens. A step is for the replies due first (engines/urgency.py): a caller still
 words goes ahead of a reply that is speaking. A reply whose caller has not taken its last tokens, or who
 is deciding whether to stop (the LLM stage waits there for its first audio, so that TTS gets the cores),
 sits the step out: a caller that waits pauses its own reply and no other.
+
+Work of no live call (a post-call analysis, due `NEVER`: engines/urgency.py) yields to every call's: it
+gets no sequence while a call's reply waits for one, no step while any call's reply is in flight or its
+own rule holds it, and reads its prompt a few tokens a step, so that a caller whose turn ends meanwhile
+waits for one short step at most. It takes a sequence no call's conversation needs (see
+`_room_for_background`), so that no live call reads its history again for it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from parley.engines.device import cpu_threads
 from parley.engines.llamacpp_model import (
     BATCH_TOKENS,
     CONTEXT_PER_SEQUENCE,
+    COPY_MIN_TOKENS,
     LlamaCppModel,
     Sequence,
     common_prefix,
@@ -54,8 +61,8 @@ from parley.engines.llm import (
     deltas_from_steps,
 )
 from parley.engines.token_choice import TokenChooser, end_call
-from parley.engines.tool_grammar import ToolCallGrammar, grammar_for
-from parley.engines.urgency import due_by, held_by
+from parley.engines.tool_grammar import ToolCallGrammar, grammar_for, json_grammar_for
+from parley.engines.urgency import due_by, held_by, in_background
 from parley.log import event
 
 log = logging.getLogger(__name__)
@@ -69,6 +76,10 @@ MAX_POSITION = 16384  # half of Qwen2.5's trained context: positions beyond stay
 HOLD_AHEAD = 2
 SAME_DUE_S = 0.05  # replies due this close together share a step (see _most_urgent)
 READ_AHEAD_DUE_S = 1.0  # the opening of a caller's next turn is read before replies due later than this
+# Work of no live call reads this many prompt tokens a step at most: a live reply that arrives meanwhile
+# waits for that step (~10 ms a token on 2 cores).
+BACKGROUND_PREFILL_TOKENS = 16
+JSON_REPLY_TOKENS = 256  # a JSON reply's tokens at most (a post-call extraction or verdict)
 
 
 @dataclass
@@ -94,6 +105,11 @@ class _Request:
     call: ToolCallGrammar | None = None  # the tool call being written, held to that grammar
     called: bool = False  # it opened a tool call
     words_only: bool = False  # offered tools that it may not call this time
+    json_reply: bool = False  # held to `tool_grammar` (a JSON Schema's) from its first token
+    background: bool = field(init=False)  # for no live call (engines/urgency.py): yields to every call's
+
+    def __post_init__(self) -> None:
+        self.background = in_background(self.due)
 
 
 def _most_urgent(ready: list[_Request]) -> list[_Request]:
@@ -108,6 +124,17 @@ def _most_urgent(ready: list[_Request]) -> list[_Request]:
     dues = [(r.due(), r) for r in ready]
     first = min(due for due, _ in dues)
     return [r for due, r in dues if due <= first + SAME_DUE_S]
+
+
+def _may_step(request: _Request, live: bool) -> bool:
+    """Whether `request` takes part in the next step: its prompt is unread, or its caller has taken its
+    last tokens and neither waits nor holds it. Work of no live call waits while any call's is in flight
+    (`live`) or its own rule holds it (engines/urgency.py), its prompt too."""
+    if request.background and (live or request.held()):
+        return False
+    if request.unread:
+        return True
+    return not request.waiting and not request.held() and request.steps.qsize() < HOLD_AHEAD
 
 
 class LlamaCppLlm(LocalLlm):
@@ -148,6 +175,8 @@ class LlamaCppLlm(LocalLlm):
             seed=seed,
         )
         self._condition = threading.Condition()
+        self._warm_start: list[int] = []  # what every conversation begins with (`warm`)
+        self._background_seqs: set[int] = set()  # sequences last used by work of no live call
         self._waiting: list[_Request] = []
         self._active: list[_Request] = []
         self._closed = False
@@ -175,6 +204,30 @@ class LlamaCppLlm(LocalLlm):
         ]
         grammar = grammar_for(tools) if tools and calls else None
         request = self._ask(prompt, self.max_tokens, earlier, grammar, words_only=bool(tools) and not calls)
+        yield from self._deltas(request, should_stop)
+
+    def json_reply(
+        self,
+        messages: list[Message],
+        schema: dict[str, Any],
+        should_stop: Callable[[], bool],
+        *,
+        max_tokens: int = JSON_REPLY_TOKENS,
+    ) -> str:
+        """The reply to `messages` as JSON of `schema`: held to the schema's grammar from its first token
+        (engines/tool_grammar.py), so that a reply that ends by itself is that JSON. A schema the grammar
+        cannot take leaves the reply free (its asker checks it)."""
+        if should_stop():
+            return ""
+        prompt = self._chat.prompt_ids(messages)
+        if len(prompt) + max_tokens > CONTEXT_PER_SEQUENCE:
+            raise LlmError(f"a prompt of {len(prompt)} tokens does not fit {CONTEXT_PER_SEQUENCE}")
+        grammar = json_grammar_for(schema)
+        request = self._ask(prompt, max_tokens, tool_grammar=grammar, json_reply=grammar is not None)
+        return "".join(self._deltas(request, should_stop))
+
+    def _deltas(self, request: _Request, should_stop: Callable[[], bool]) -> Iterator[str]:
+        """`request`'s text as it is decoded, until it ends or `should_stop`."""
 
         def asking_to_stop() -> bool:
             # While its caller waits in there (the LLM stage waits for its first audio), the reply sits
@@ -202,9 +255,15 @@ class LlamaCppLlm(LocalLlm):
         tool_grammar: str | None = None,
         *,
         words_only: bool = False,
+        json_reply: bool = False,
     ) -> _Request:
         request = _Request(
-            prompt, limit, earlier=earlier or [], tool_grammar=tool_grammar, words_only=words_only
+            prompt,
+            limit,
+            earlier=earlier or [],
+            tool_grammar=tool_grammar,
+            words_only=words_only,
+            json_reply=json_reply,
         )
         with self._condition:
             if self._closed:
@@ -218,6 +277,7 @@ class LlamaCppLlm(LocalLlm):
         greeting, the opening of the caller's first turn): each call then copies those cells (measured:
         its first reply waited 0.4-1.4 s more without)."""
         ids = self._chat.prompt_ids(messages, reply=False)
+        self._warm_start = ids
         opening = self._next_turn_opening
         # ... and the opening of the caller's first turn, where the template's end of a message begins it
         overlap = next((n for n in range(len(opening), 0, -1) if ids[-n:] == opening[:n]), 0)
@@ -254,11 +314,8 @@ class LlamaCppLlm(LocalLlm):
                     return False
                 self._retire_stopped()
                 self._admit()
-                ready = [
-                    r
-                    for r in self._active
-                    if r.unread or (not r.waiting and not r.held() and r.steps.qsize() < HOLD_AHEAD)
-                ]
+                live = any(not r.background for r in (*self._waiting, *self._active))
+                ready = [r for r in self._active if _may_step(r, live)]
                 if ready:
                     ready = _most_urgent(ready)
                     break
@@ -286,18 +343,27 @@ class LlamaCppLlm(LocalLlm):
             sequence.used_at = time.monotonic()
 
     def _admit(self) -> None:
-        """Give waiting replies a free sequence (llamacpp_model.place), and what of their prompt is left."""
+        """Give waiting replies a free sequence (llamacpp_model.place), and what of their prompt is left:
+        live calls' first, in order; work of no live call once no call's is in flight."""
         while self._waiting:
-            request = self._waiting[0]
+            request = next((r for r in self._waiting if not r.background), self._waiting[0])
             if request.stopped:
-                self._waiting.pop(0)
+                self._waiting.remove(request)
                 request.steps.put(STEPS_DONE)
                 continue
+            if request.background and any(not r.background for r in self._active):
+                return
             free = [s for s in self._sequences if s.request is None]
             if not free or self._reading_ahead_of(request.prompt):
                 return
-            self._waiting.pop(0)
+            self._waiting.remove(request)
+            if request.background:
+                free = self._room_for_background(free, request.prompt)
             best, keep = place(self._model, self._sequences, free, request.prompt)
+            if request.background:
+                self._background_seqs.add(best.seq_id)
+            else:
+                self._background_seqs.discard(best.seq_id)
             # At least the prompt's last token is read again: its logits give the first token.
             keep = min(keep, len(request.prompt) - 1)
             if best.next_position() + len(request.prompt) + self.max_tokens > MAX_POSITION:
@@ -311,6 +377,22 @@ class LlamaCppLlm(LocalLlm):
             metrics.LLM_PROMPT_TOKENS_TOTAL.labels(outcome="read").inc(len(request.unread))
             request.started_at = time.monotonic()
             self._active.append(request)
+
+    def _room_for_background(self, free: list[Sequence], prompt: list[int]) -> list[Sequence]:
+        """The free sequences work of no live call may take: one that holds the start of its prompt (an
+        analysis's earlier question about the same call), else an empty one or one such work used last,
+        else the one used longest ago, unless it alone holds what every conversation begins with (a live
+        call's conversation is used at each of its turns, and a new call copies that start)."""
+        sharing = [s for s in free if common_prefix(s.tokens, prompt) >= COPY_MIN_TOKENS]
+        if sharing:
+            return sharing
+        spare = [s for s in free if not s.tokens or s.seq_id in self._background_seqs]
+        if spare:
+            return [min(spare, key=lambda s: (bool(s.tokens), s.used_at))]
+        start = self._warm_start
+        holders = [s for s in self._sequences if start and common_prefix(s.tokens, start) == len(start)]
+        others = [s for s in free if holders != [s]] or free
+        return [min(others, key=lambda s: s.used_at)]
 
     def _reading_ahead_of(self, prompt: list[int]) -> bool:
         """Whether a sequence that `prompt` takes up whole is reading ahead (`warm`, the opening of a
@@ -333,7 +415,8 @@ class LlamaCppLlm(LocalLlm):
             sequence = request.sequence
             assert sequence is not None
             if request.unread:
-                take = min(len(request.unread), per_prompt, budget)
+                most = min(per_prompt, BACKGROUND_PREFILL_TOKENS) if request.background else per_prompt
+                take = min(len(request.unread), most, budget)
                 if take <= 0:
                     continue
                 chunk = request.unread[:take]
@@ -419,7 +502,7 @@ class LlamaCppLlm(LocalLlm):
         first token waits for that many tokens fewer (five, ~10 ms each here). A reply cut short, or one
         that called a tool, is followed by something else: nothing is read for it."""
         sequence, opening = request.sequence, self._next_turn_opening
-        if sequence is None or not opening or request.said[-1:] != opening[:1]:
+        if sequence is None or not opening or request.said[-1:] != opening[:1] or request.background:
             return
         if request.called or any(token in self._chat.tag_ids for token in request.said):
             return

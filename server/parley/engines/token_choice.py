@@ -4,8 +4,9 @@ Spoken words are sampled with penalties that keep them from looping or copying a
 (engines/repeats.py), greedily or at the temperature set. A reply offered tools may open a call (the
 chat template's tag, or a first token that opens the call's JSON or a fence: engines/tool_grammar.py);
 from there its tokens are held to the offered tools' grammar until the call is whole, so a call always
-names a real tool with arguments its schema allows. The decoding thread (engines/llm_llamacpp.py) asks
-for each token; nothing here touches the model's memory or its batch.
+names a real tool with arguments its schema allows. A reply that must be JSON of a schema (a post-call
+extraction) is held to that schema's grammar from its first token to its end. The decoding thread
+(engines/llm_llamacpp.py) asks for each token; nothing here touches the model's memory or its batch.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Reply(Protocol):
     call: ToolCallGrammar | None  # the tool call being written, held to that grammar
     called: bool  # it opened a tool call
     words_only: bool  # tools are in its prompt, but it may not call them: what would open a call is banned
+    json_reply: bool  # the reply is the grammar's JSON from its first token (a post-call extraction)
 
 
 class TokenChooser:
@@ -74,6 +76,8 @@ class TokenChooser:
         """The reply's next token; once it has opened a tool call, one that the call's grammar allows."""
         if reply.words_only:
             logits = self._without_openings(logits, first=not reply.said)
+        if reply.call is None and reply.json_reply and not reply.said:
+            self._open_call(reply, Opening.BARE)  # its first token too is picked under the grammar
         if reply.call is None:
             token = self._sample(logits, reply.said, reply.earlier)
             opening = self._opening(reply, token)

@@ -7,7 +7,8 @@ are free). A model opens a call in one of three ways (`Opening`): the chat templ
 tag, a reply that is the call's JSON alone, or one that opens a fenced block; each has its own root in
 one grammar. `tool_call_grammar` writes it (GBNF, through the JSON Schema converter that
 llama-cpp-python ships); `ToolCallGrammar` is one reply's place in it, a llama.cpp grammar sampler of
-its own, so each conversation's call is held apart from the others'.
+its own, so each conversation's call is held apart from the others'. `json_grammar` holds a whole reply
+to one JSON Schema the same way (a post-call analysis's extraction: analysis/).
 
 Checking a token against the grammar costs a pass over the token's text, and the whole vocabulary is
 ~150,000 tokens: the tokens the reply would take anyway are checked first, the vocabulary only when
@@ -105,6 +106,40 @@ def tool_call_grammar(tools: Sequence[dict[str, Any]]) -> str:
         f'{Opening.FENCED.value} ::= " "? "```" "json"? "\\n"? call "\\n"? "```"',
     )
     return "\n".join([*roots, rules, ""])
+
+
+def json_grammar(schema: Mapping[str, Any]) -> str:
+    """GBNF for a reply that is one JSON value of `schema` and nothing else (a post-call extraction),
+    written by the same converter and JSON rules as a tool call's arguments and rooted at
+    `Opening.BARE`: a reply held to it from its first token (token_choice.py) is that JSON.
+
+    Raises ToolGrammarError for a schema the converter does not take.
+    """
+    from llama_cpp import llama_grammar
+
+    schema_converter: Any = llama_grammar.SchemaConverter  # untyped in llama-cpp-python
+    converter = schema_converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    try:
+        resolved = converter.resolve_refs(copy.deepcopy(dict(schema)), "json")
+        value = converter.visit(resolved, "json-value")
+        rules = _RULE.sub(_json_rule, converter.format_grammar())
+    except (AssertionError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ToolGrammarError(f"the schema makes no grammar: {exc}") from exc
+    return f'{Opening.BARE.value} ::= " "? {value}\n{rules}\n'
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_json_grammar(key: str) -> str | None:
+    try:
+        return json_grammar(json.loads(key))
+    except ToolGrammarError as exc:
+        event(log, "json_grammar_unusable", logging.WARNING, error=str(exc))
+        return None
+
+
+def json_grammar_for(schema: Mapping[str, Any]) -> str | None:
+    """`json_grammar(schema)`, made once per schema; None when it makes none."""
+    return _cached_json_grammar(json.dumps(schema))
 
 
 def _literal(text: str) -> str:

@@ -9,11 +9,13 @@ Who the work is for travels with it: a call's stage sets `URGENCY` to a function
 deadline (`Stage.due`; the LLM stage's is `Response.text_due_at`) while it asks an engine for something;
 the deadline workers (engines/deadlines.py) carry it to the thread that does the asking, and the engine
 reads it (`due_by`) when the work is handed over. Work with no reply (a warm-up, a benchmark) is due when
-it is asked for.
+it is asked for. Work for no live call (a post-call analysis) is due `NEVER`: an engine does it only
+when no live call's work waits, and holds it while that work is in flight (llm_llamacpp.py).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -24,6 +26,8 @@ URGENCY: ContextVar[Callable[[], float] | None] = ContextVar("parley_urgency", d
 # reply whose first piece is being voiced: its next words are of no use before that audio, and a step
 # of the LLM then takes the cores Piper is computing on).
 HELD: ContextVar[Callable[[], bool] | None] = ContextVar("parley_held", default=None)
+# The deadline of work no caller waits for: served after every live call's, whatever their deadlines.
+NEVER = math.inf
 
 
 def due_by() -> Callable[[], float]:
@@ -33,6 +37,16 @@ def due_by() -> Callable[[], float]:
         return urgency
     asked = time.monotonic()
     return lambda: asked
+
+
+def never_due() -> float:
+    """`URGENCY` for work of no live call (a post-call analysis)."""
+    return NEVER
+
+
+def in_background(due: Callable[[], float]) -> bool:
+    """Whether work of deadline `due` is for no live call (it yields to every call's work)."""
+    return due() == NEVER
 
 
 def held_by() -> Callable[[], bool]:

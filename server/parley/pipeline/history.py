@@ -19,6 +19,14 @@ from parley.agent.manners import prompt_start
 from parley.engines.llm import Message
 from parley.pipeline.segmenter import ends_sentence, split_sentences
 
+# A caller's turn is `<call id>:turn-<n>`; the agent's own lines (the greeting, an idle prompt, a
+# voicemail message) have keys of their own and are no turn of the caller's.
+CALLER_TURN = ":turn-"
+
+
+def caller_turn_id(call_id: str, number: int) -> str:
+    return f"{call_id}{CALLER_TURN}{number}"
+
 
 @dataclass
 class TurnRecord:

@@ -12,7 +12,9 @@ again with the results. What a tool may do depends on whether the turn can still
   in the history when the spoken reply after it is cut.
 - A tool without side effects runs at once, even for a turn still being spoken (speculatively).
 
-A tool that takes longer than the agent's `hold_after_ms` makes the agent say its `hold_phrase`, once.
+A tool that takes longer than the agent's `hold_after_ms` makes the agent say its `hold_phrase`, once,
+and play its `hold_sound` (looped, once what was said before it is synthesised) until the result or the
+caller's speech arrives.
 A turn that only asks the agent to wait ("Wait.", "Hold on.", or a "stop" Whisper wrote as "Uh..."; see
 pipeline/backchannels.py) gets the agent's `yield_phrase`, not the model's reply: there is nothing to
 answer, and a small model answered it with a refusal.
@@ -196,19 +198,32 @@ class LlmStage(Stage[Transcript]):
     def _wait(
         self, future: concurrent.futures.Future[ToolResult] | None, response: Response, held: bool
     ) -> bool:
-        """Wait for a tool (the hold phrase once it runs long); stops waiting when the reply goes stale,
-        leaving the tool to finish on its worker. Returns whether the hold phrase was said."""
+        """Wait for a tool (the hold phrase, then the hold sound, once it runs long); stops waiting when
+        the reply goes stale, leaving the tool to finish on its worker. Returns whether the hold phrase
+        was said."""
         if future is None:
             return held
         agent = self.reply_ctx.agent
         hold_at = time.monotonic() + agent.hold_after_ms / 1000
-        while not future.done():
-            if self.ctx.replies.is_stale(response.tag):
-                return held
-            if not held and agent.hold_phrase and time.monotonic() >= hold_at:
-                held = True
-                self.speak(response, spoken(agent.hold_phrase, self.reply_ctx.variables()))
-            concurrent.futures.wait([future], timeout=WAIT_SLICE_S)
+        looping = False
+        try:
+            while not future.done():
+                if self.ctx.replies.is_stale(response.tag):
+                    return held
+                if time.monotonic() >= hold_at:
+                    if not held and agent.hold_phrase:
+                        held = True
+                        self.speak(response, spoken(agent.hold_phrase, self.reply_ctx.variables()))
+                    # After the words before it are synthesised: the Outbound plays it only once they
+                    # have played, and would otherwise start it in the gap before their audio.
+                    sound = agent.hold_sound
+                    if sound is not None and not looping and response.pieces_spoken >= response.pieces_sent:
+                        looping = True
+                        self.ctx.replies.loop_sound(response.tag, sound)
+                concurrent.futures.wait([future], timeout=WAIT_SLICE_S)
+        finally:
+            if looping:
+                self.ctx.replies.stop_sound()  # the result (or the end of the wait) stops it mid-clip
         return held
 
     def speak(self, response: Response, text: str) -> None:

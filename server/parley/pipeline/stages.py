@@ -21,6 +21,7 @@ import numpy as np
 import soundfile
 
 from parley import metrics
+from parley.agent.hold_sound import HoldSound
 from parley.audio import PIPELINE_RATE
 from parley.config import Settings
 from parley.engines.stt import SttCancelled, SttEngine, Transcription
@@ -84,6 +85,14 @@ class ReplyControl(Protocol):
 
     def settle(self, tag: Tag) -> bool:
         """Blocks until the turn `tag` answers can no longer be reopened; whether it is still the newest."""
+        ...
+
+    def loop_sound(self, tag: Tag, sound: HoldSound) -> None:
+        """Play `sound` over and over under the reply `tag` while none of its audio waits."""
+        ...
+
+    def stop_sound(self) -> None:
+        """Stop the looped sound at once."""
         ...
 
 

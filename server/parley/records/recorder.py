@@ -39,7 +39,12 @@ Connect = Callable[[], Database]
 
 def _info(call: Call) -> CallInfo:
     return CallInfo(
-        call.call_id, call.transport, call.started_at, call.caller, call.called, dict(call.context)
+        call.call_id,
+        call.transport,
+        call.started_at,
+        call.origin.caller,
+        call.origin.called,
+        dict(call.origin.values),
     )
 
 

@@ -45,3 +45,36 @@ def record_without_text(record: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(record.get(party), str):
             kept[party] = masked_party(record[party])
     return kept
+
+
+def analysis_without_text(analysis: Mapping[str, Any], schema: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A post-call analysis (analysis/) without what was said: no summary (it retells the call), no
+    verdict's reason (it may quote it), and of the extraction only what the schema bounds (booleans,
+    numbers, and strings the schema names with `enum` or `const`), the way a record keeps what happened
+    but no text."""
+    kept = {key: value for key, value in analysis.items() if key != "summary"}
+    verdict = analysis.get("verdict")
+    if isinstance(verdict, Mapping):
+        kept["verdict"] = {key: value for key, value in verdict.items() if key != "reason"}
+    if "extraction" in analysis:
+        kept["extraction"] = _bounded(analysis["extraction"], schema or {})
+    return kept
+
+
+def _bounded(value: Any, schema: Mapping[str, Any]) -> Any:
+    """`value` without the strings `schema` leaves free (None where one stood alone)."""
+    if isinstance(value, Mapping):
+        properties = schema.get("properties")
+        fields = properties if isinstance(properties, Mapping) else {}
+        kept = {key: _bounded(item, _sub(fields.get(key))) for key, item in value.items()}
+        return {key: item for key, item in kept.items() if item is not None or value[key] is None}
+    if isinstance(value, list):
+        return [_bounded(item, _sub(schema.get("items"))) for item in value]
+    if isinstance(value, str):
+        named = [*schema.get("enum", []), *([schema["const"]] if "const" in schema else [])]
+        return value if value in named else None
+    return value
+
+
+def _sub(schema: Any) -> Mapping[str, Any]:
+    return schema if isinstance(schema, Mapping) else {}

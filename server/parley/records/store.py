@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from parley.pipeline.history import CALLER_TURN
 from parley.records.database import Database
 from parley.records.redaction import masked_party, without_text
 
@@ -78,7 +79,7 @@ class RecordStore:
                 self._final_turn(info.call_id, position, turn)
             self.db.execute(
                 "UPDATE calls SET ended_at = ?, outcome = ?, caller = ?, called = ?, last_event_at = ?, "
-                "turns = (SELECT COUNT(*) FROM turns WHERE call_id = ? AND turn_id <> 'greeting') "
+                "turns = (SELECT COUNT(*) FROM turns WHERE call_id = ? AND turn_id LIKE ?) "
                 "WHERE call_id = ?",
                 (
                     at,
@@ -87,6 +88,7 @@ class RecordStore:
                     self._party(info.called),
                     at,
                     info.call_id,
+                    f"%{CALLER_TURN}%",  # the caller's turns: not the agent's own lines (history.py)
                     info.call_id,
                 ),
             )

@@ -157,6 +157,7 @@ async def open_call(
         line=line,
         tool_runner=runtime.tools,
         publish=runtime.publisher(call_id),
+        recorder=runtime.recordings,
     )
     # The tasks the transport starts while connecting inherit the call's id for their log lines.
     token = CALL_ID.set(call.call_id)

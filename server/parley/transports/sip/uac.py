@@ -17,6 +17,7 @@ import ipaddress
 import logging
 import socket
 import time
+from collections.abc import Mapping
 
 from parley.call import Call
 from parley.call_origin import Origin
@@ -62,9 +63,10 @@ def parse_destination(to: str) -> SipUri:
     return uri
 
 
-async def dial(ua: SipUserAgent, to: str) -> Call:
-    """Start an outbound call; returns once the call exists (dialling). Raises DialError, DialRefused
-    (the destination policy) or CallRefused."""
+async def dial(ua: SipUserAgent, to: str, context: Mapping[str, str] | None = None) -> Call:
+    """Start an outbound call; returns once the call exists (dialling). `context`: the call's variables,
+    the dialler's word as a call token's is (its agent's templates read them: the voicemail message's
+    `{name}`). Raises DialError, DialRefused (the destination policy) or CallRefused."""
     uri = parse_destination(to)
     ua.dial_policy.admit(uri)
     created: asyncio.Future[Call] = asyncio.get_running_loop().create_future()
@@ -83,7 +85,8 @@ async def dial(ua: SipUserAgent, to: str) -> Call:
 
     async def run() -> None:
         try:
-            origin = Origin(caller=f"sip:{ua.settings.sip_caller_id}@{ua.sent_by()}", called=str(uri))
+            caller = f"sip:{ua.settings.sip_caller_id}@{ua.sent_by()}"
+            origin = Origin(caller, str(uri), token_context=dict(context or {}), outbound=True)
             await open_call(ua.runtime, "sip", SIP_RATE, connect, origin=origin)
         except CallSetupFailed as exc:
             event(log, "sip_dial_failed", call_id=created.result().call_id, outcome=exc.outcome, why=str(exc))

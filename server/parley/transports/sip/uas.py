@@ -229,7 +229,7 @@ async def _connect_answered(
         log,
         "sip_answered",
         call_id=call.call_id,
-        caller=call.caller,
+        caller=call.origin.caller,
         codec=negotiated.codec,
         rtp=f"{negotiated.remote_address}:{negotiated.remote_port}",
     )
