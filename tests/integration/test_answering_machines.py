@@ -196,6 +196,7 @@ async def test_a_voicemail_hears_nothing_during_its_greeting_and_the_message_aft
         await app.close()
 
 
+@pytest.mark.slow  # the default suite has the voicemail over SIP; the human path is in test_amd.py
 async def test_a_person_who_says_hello_and_waits_hears_the_greeting_once_they_stopped(tmp_path: Path) -> None:
     stt = ScriptedStt(text_for=lambda seconds: "Hello?" if seconds > 0.2 else "")
     app = await start_app(tmp_path, stt)

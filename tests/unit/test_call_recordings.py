@@ -131,6 +131,7 @@ async def test_the_recording_holds_the_question_left_and_the_reply_right_as_the_
     assert rms(span(caller, reply[0], reply[1])) < 100
 
 
+@pytest.mark.slow  # the default suite has this part over another transport
 async def test_a_webrtc_call_is_recorded_the_same_way(tmp_path: Path) -> None:
     settings = Settings(
         sip="off",

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 from parley.app import RUNTIME
 from parley.audio import ulaw_decode
@@ -83,6 +84,7 @@ async def test_a_silent_sip_caller_is_prompted_twice_then_told_goodbye_and_sent_
         await app.close()
 
 
+@pytest.mark.slow  # the default suite has this part over another transport
 async def test_a_silent_carrier_stream_caller_gets_the_same_lines_and_the_stream_is_closed() -> None:
     c = await client_for(settings(greeting="Hello there.", idle_prompt_after_s=WAIT_S))
     try:
@@ -105,6 +107,7 @@ async def test_a_silent_carrier_stream_caller_gets_the_same_lines_and_the_stream
         await c.close()
 
 
+@pytest.mark.slow  # the default suite has this part over another transport
 async def test_a_silent_webrtc_caller_is_prompted_once_the_greeting_was_heard() -> None:
     c = await app_client(
         Settings(sip="off", greeting="Hello.", ice_addresses=("127.0.0.1",), idle_prompt_after_s=WAIT_S)
