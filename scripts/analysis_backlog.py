@@ -88,7 +88,9 @@ def keep_backlog(app: web.Application, waiting: int) -> Any:
                 raise SystemExit("the first agent has no [analysis]")
             while True:
                 await asyncio.sleep(TOP_UP_S)
-                while runtime.engines is not None and analyses.waiting() < waiting:
+                if runtime.engines is None or runtime.registry.closing:
+                    continue  # loading, or stopping: the analyses take no more
+                for _ in range(waiting - analyses.waiting()):
                     agent = runtime.agent(None)
                     analyses.call_ended(
                         EndedCall(f"backlog-{number}", agent, runtime.settings, transcript(number))

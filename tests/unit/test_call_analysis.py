@@ -350,7 +350,6 @@ def local_llm() -> Iterator[LlamaCppLlm]:
     engine.close()
 
 
-@pytest.mark.slow  # ~20 s on 2 cores: the model reads the transcript, then writes three answers
 def test_the_default_local_model_writes_the_extraction_as_json_of_the_schema(local_llm: LlamaCppLlm) -> None:
     spec = AnalysisSpec(schema=SCHEMA, success="the caller's order status was given")
     with in_background(never):

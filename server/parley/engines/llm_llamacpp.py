@@ -21,8 +21,9 @@ sits the step out: a caller that waits pauses its own reply and no other.
 
 Work of no live call (a post-call analysis, due `NEVER`: engines/urgency.py) yields to every call's: it
 gets no sequence while a call's reply waits for one, no step while any call's reply is in flight or its
-own rule holds it, and reads its prompt a few tokens a step, so that a caller whose turn ends meanwhile
-waits for one short step at most. It takes a sequence no call's conversation needs (see
+own rule holds it, and reads its prompt a few tokens a step on one thread, so that a caller whose turn
+ends meanwhile waits for one short step at most and the other core stays with the calls' Whisper and
+Piper. It takes a sequence no call's conversation needs (see
 `_room_for_background`), so that no live call reads its history again for it.
 """
 
@@ -76,9 +77,9 @@ MAX_POSITION = 16384  # half of Qwen2.5's trained context: positions beyond stay
 HOLD_AHEAD = 2
 SAME_DUE_S = 0.05  # replies due this close together share a step (see _most_urgent)
 READ_AHEAD_DUE_S = 1.0  # the opening of a caller's next turn is read before replies due later than this
-# Work of no live call reads this many prompt tokens a step at most: a live reply that arrives meanwhile
-# waits for that step (~10 ms a token on 2 cores).
-BACKGROUND_PREFILL_TOKENS = 16
+# Work of no live call reads this many prompt tokens a step at most: a live reply, or Whisper, that
+# starts meanwhile waits for that step (~10 ms a token on 2 cores), no longer than for a decoding step.
+BACKGROUND_PREFILL_TOKENS = 4
 JSON_REPLY_TOKENS = 256  # a JSON reply's tokens at most (a post-call extraction or verdict)
 
 
@@ -431,7 +432,7 @@ class LlamaCppLlm(LocalLlm):
             fed.append((request, chunk, len(entries) - 1 if last else None))
         if not entries:
             return
-        self._threads()
+        self._threads(background=all(r.background for r in ready))
         rc = self._model.decode(entries)
         if rc != 0:
             self._fail(ready, LlmError(f"llama.cpp could not decode (code {rc})"))
@@ -446,8 +447,9 @@ class LlamaCppLlm(LocalLlm):
             if output is not None:
                 self._emit(request, self._model.logits(output))
 
-    def _threads(self) -> None:
-        """Every core, unless another engine is computing: then one thread.
+    def _threads(self, *, background: bool = False) -> None:
+        """Every core, unless another engine is computing or the step is work of no live call: then one
+        thread.
 
         llama.cpp's threads meet at a spinning barrier after every operation: when Whisper or Piper takes
         a core from one of them (engines/compute_load.py), the other spins out its time slice. Otherwise
@@ -462,7 +464,9 @@ class LlamaCppLlm(LocalLlm):
         """
         if self._fixed_threads:
             return
-        threads = 1 if COMPUTE.busy() else cpu_threads()
+        # Work of no live call takes one: a call's Whisper or Piper that starts during its step gets a
+        # core at once, with no LLM thread spinning at a barrier for it.
+        threads = 1 if COMPUTE.busy() or background else cpu_threads()
         if threads != self._threads_now:
             self._model.set_threads(threads)
             self._threads_now = threads
