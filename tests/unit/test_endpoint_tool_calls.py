@@ -139,3 +139,19 @@ def test_a_reply_asked_for_as_words_only_carries_no_call_even_when_the_server_wr
     assert TextOnlyServer.requests[-1]["tool_choice"] == "none" and TextOnlyServer.requests[-1]["tools"]
     assert not [d for d in out if isinstance(d, ToolCall)]
     assert "".join(d for d in out if isinstance(d, str)).strip() == "Sure."
+
+
+def test_a_call_wrapped_in_the_tool_lists_tags_is_a_call_and_never_spoken() -> None:
+    # Qwen2.5-Coder-1.5B wrapped its calls in <tools> (the tag its template lists the tools in), and the
+    # order desk's caller heard the JSON read aloud (`parley test examples/scenarios/`).
+    written = TaggedToolCalls(["lookup_order"])
+    text = 'Let me see. <tools>{"name": "lookup_order", "arguments": {"number": "4712"}}</tools>'
+    said: list[str] = []
+    calls: list[ToolCall] = []
+    for piece in (text[:15], text[15:40], text[40:]):
+        words, found = written.push(piece)
+        said.append(words)
+        calls += found
+    rest, found = written.flush()
+    assert "".join(said) + rest == "Let me see. "
+    assert [(c.name, c.arguments) for c in calls + found] == [("lookup_order", '{"number": "4712"}')]

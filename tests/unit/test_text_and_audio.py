@@ -272,3 +272,23 @@ def test_an_initial_or_a_title_does_not_end_a_sentence() -> None:
         'I recommend "The Great Gatsby" by F. Scott Fitzgerald.',
         "Ask Dr. Seuss, e.g. tomorrow.",
     ]
+
+
+def test_a_lookup_made_from_half_a_sentence_is_not_in_the_whole_sentences_prompt() -> None:
+    # `parley test examples/scenarios/`: "my order number is four seven [pause] one two" looked up order
+    # 47 while the caller paused, and the model, shown that result for the whole question, told the
+    # caller order 47's status as 4712's. The call's record keeps both revisions' calls.
+    def lookup(call_id: str, number: str) -> dict[str, str]:
+        arguments = f'{{"number": "{number}"}}'
+        return {"tool_call_id": call_id, "name": "lookup_order", "arguments": arguments, "result": "{}"}
+
+    conversation = Conversation("Be brief.")
+    conversation.set_user_text("t1", 0, "my order number is 47")
+    conversation.add_tool_result("t1", 0, lookup("call_1", "47"))
+    assert [m["role"] for m in conversation.messages_for("t1")] == ["system", "user", "assistant", "tool"]
+    conversation.set_user_text("t1", 1, "my order number is 4712")
+    assert [m["role"] for m in conversation.messages_for("t1")] == ["system", "user"]
+    conversation.add_tool_result("t1", 1, lookup("call_2", "4712"))
+    prompt = conversation.messages_for("t1")
+    assert [m.get("tool_call_id") for m in prompt if m["role"] == "tool"] == ["call_2"]
+    assert [t["tool_call_id"] for t in conversation.snapshot()[0]["tools"]] == ["call_1", "call_2"]

@@ -39,8 +39,14 @@ class ToolCall:
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
+# Qwen's chat template lists the offered tools between these tags, and a small model (Qwen2.5-Coder-1.5B
+# in the order desk's scenarios) wraps its call in them instead of <tool_call>: read aloud, the caller
+# heard the JSON.
+OPEN_TOOLS = "<tools>"
+CLOSE_TOOLS = "</tools>"
 FENCE = "```"
-_OPENERS = (OPEN_TAG, FENCE)
+_OPENERS = (OPEN_TAG, OPEN_TOOLS, FENCE)
+_CLOSERS = {OPEN_TAG: CLOSE_TAG, OPEN_TOOLS: CLOSE_TOOLS, FENCE: FENCE}
 _LANGUAGE = re.compile(r"[A-Za-z_]*\s*")  # what may follow a fence's opening: ```json, ```tool_call
 
 
@@ -104,7 +110,7 @@ class TaggedToolCalls:
         calls: list[ToolCall] = []
         while self._buffer:
             if self._inside:
-                close = CLOSE_TAG if self._inside == OPEN_TAG else FENCE
+                close = _CLOSERS[self._inside]
                 end = self._buffer.find(close)
                 if end < 0:
                     break
@@ -139,7 +145,7 @@ class TaggedToolCalls:
     def _block(self, body: str) -> tuple[str, list[ToolCall]]:
         """(text to speak, calls) for the inside of a block that has ended."""
         opener, self._inside = self._inside, ""
-        if opener == OPEN_TAG:
+        if opener in (OPEN_TAG, OPEN_TOOLS):
             call = self._call(body)
             return "", [call] if call.name or self._offered is None else []
         language = _LANGUAGE.match(body)

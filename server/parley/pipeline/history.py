@@ -53,8 +53,12 @@ class TurnRecord:
         }
 
     def tool_messages(self) -> list[Message]:
-        """The turn's tool calls as the model saw them: its request, then each result."""
-        if not self.tools:
+        """The turn's tool calls as the model saw them: its request, then each result. Only those made
+        for the turn's latest revision: a lookup a speculative reply made from half a sentence ("order
+        47", before the caller went on "...12") is not what the whole sentence asked, and a model shown
+        its result answered the whole with it."""
+        tools = [t for t in self.tools if t.get("revision", self.revision) == self.revision]
+        if not tools:
             return []
         calls = [
             {
@@ -62,11 +66,11 @@ class TurnRecord:
                 "type": "function",
                 "function": {"name": t["name"], "arguments": t["arguments"]},
             }
-            for t in self.tools
+            for t in tools
         ]
         messages: list[Message] = [{"role": "assistant", "content": "", "tool_calls": calls}]
         messages += [
-            {"role": "tool", "tool_call_id": t["tool_call_id"], "content": t["result"]} for t in self.tools
+            {"role": "tool", "tool_call_id": t["tool_call_id"], "content": t["result"]} for t in tools
         ]
         return messages
 
@@ -125,11 +129,13 @@ class Conversation:
             if response_s is not None:
                 record.response_s = response_s
 
-    def add_tool_result(self, turn_id: str, record: dict[str, Any]) -> None:
-        """A tool call made for a turn, and its result: it stays in the history even when the spoken reply
-        after it is cut, so the model knows what was done."""
+    def add_tool_result(self, turn_id: str, revision: int | None, record: dict[str, Any]) -> None:
+        """A tool call made for a turn's revision, and its result: it stays in the history even when the
+        spoken reply after it is cut, so the model knows what was done (the call record keeps the calls
+        of every revision; the prompt only the latest's)."""
         with self._lock:
-            self._record_locked(turn_id).tools.append(record)
+            turn = self._record_locked(turn_id)
+            turn.tools.append({**record, "revision": turn.revision if revision is None else revision})
 
     def tool_calls(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -238,7 +238,7 @@ class LlmStage(Stage[Transcript]):
         tag = response.tag
         assert tag.turn_id is not None
         record = result.as_record()
-        self.ctx.conversation.add_tool_result(tag.turn_id, record)
+        self.ctx.conversation.add_tool_result(tag.turn_id, tag.revision, record)
         metrics.TOOL_CALLS_TOTAL.labels(outcome="ok" if result.ok else "error").inc()
         self.ctx.emit({"type": "tool_result", "turn_id": tag.turn_id, **record})
         self.reply_ctx.publish("tool.called", {"turn_id": tag.turn_id, **record})
