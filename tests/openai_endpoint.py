@@ -6,6 +6,8 @@ follows a few rules in place of a model:
 - a question about an order, with `lookup_order` offered -> a `lookup_order` call with the digits heard;
 - a tool result as the last message -> a sentence built from it;
 - goodbye, with `end_call` offered -> "Goodbye, thank you for calling." and an `end_call` call;
+- a request for a person, with `transfer` offered -> a `transfer` call to its first destination;
+- a request to tell "everything" -> a long reply (something to cut in on);
 - anything else -> a short fixed reply.
 """
 
@@ -64,6 +66,25 @@ def answer(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         }
         for piece in (arguments[:10], arguments[10:]):
             yield {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+        return
+    if "person" in text and "transfer" in offered:
+        destination = next(t for t in request["tools"] if t["function"]["name"] == "transfer")
+        to = destination["function"]["parameters"]["properties"]["destination"]["enum"][0]
+        yield {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_3",
+                    "type": "function",
+                    "function": {"name": "transfer", "arguments": json.dumps({"destination": to})},
+                }
+            ]
+        }
+        return
+    if "everything" in text:
+        yield {"content": "We deliver every order within three working days, by our own vans. "}
+        yield {"content": "A driver calls you an hour before arriving, and you can choose a safe place. "}
+        yield {"content": "If you are out, the parcel waits at the depot for a week."}
         return
     if ("bye" in text or "goodbye" in text) and "end_call" in offered:
         yield {"content": "Goodbye, thank you for calling."}

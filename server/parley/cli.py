@@ -1,4 +1,4 @@
-"""The `parley` command: serve, prepare, bench."""
+"""The `parley` command: serve, prepare, drain, token, bench, test."""
 
 from __future__ import annotations
 
@@ -66,8 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     token.set_defaults(run=_token)
 
     from parley.bench import add_bench_parser
+    from parley.scenarios.command import add_test_parser
 
     add_bench_parser(commands)
+    add_test_parser(commands)
     return parser
 
 

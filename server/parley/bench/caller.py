@@ -3,6 +3,9 @@
 Used by `parley bench` and by the integration tests. It measures at the caller: when its own speech
 started and ended (the moment the frames carrying it went to the encoder) and when the reply audio it
 receives starts and falls silent.
+
+Given a scenario's `line` (scenarios/line.py), its noise is under every frame and the RTP of its audio
+goes through the line's losses, jitter and stalls.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
+from typing import TYPE_CHECKING
 
 import aiohttp
 import numpy as np
@@ -21,12 +25,18 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
+from aiortc.rtp import is_rtcp
+from aiortc.sdp import SessionDescription
 
 from parley.audio import rms_dbfs
 from parley.bench.listening import CallFailed, Ears, Mouth, Playback
+from parley.scenarios.scenario import ScenarioError
 from parley.transports.opus_inbound import InlineDecoding, decode_inline
 from parley.transports.webrtc_signaling import configure_ice
 from parley.transports.webrtc_tracks import WEBRTC_RATE, PacedAudioTrack, audio_frames, set_jitter_prefetch
+
+if TYPE_CHECKING:
+    from parley.scenarios.line import CallerLine
 
 # aiortc's receiver holds 4 frames (80 ms) before playing; a browser's adaptive jitter buffer on a
 # clean loopback link sits near its floor of about one frame, which is what the benchmark caller mimics.
@@ -57,6 +67,7 @@ class Caller(Ears):
         token: str = "",
         ice_addresses: tuple[str, ...] = ("127.0.0.1",),
         jitter_frames: int = BROWSER_JITTER_FRAMES,
+        line: CallerLine | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.jitter_frames = jitter_frames
@@ -64,6 +75,10 @@ class Caller(Ears):
         configure_ice(ice_addresses)
         super().__init__(WEBRTC_RATE)
         self.mic = MicTrack()
+        self.line = line
+        if line is not None:
+            line.codec_for("webrtc")  # WebRTC audio is Opus here: a line asking for another is refused
+            self.mic.mouth.frame_filter = line.noisy(WEBRTC_RATE)
         self.call_id = ""
         self.pc: RTCPeerConnection | None = None
         self.channel: RTCDataChannel | None = None  # the page's data channel ("events")
@@ -94,6 +109,8 @@ class Caller(Ears):
                     raise CallFailed(f"offer refused: {r.status} {body}")
         self.call_id = body["call_id"]
         await pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="answer"))
+        if self.line is not None:
+            self._put_on_line(pc, self.line, body["sdp"])
         set_jitter_prefetch(pc, self.jitter_frames)
         deadline = time.monotonic() + timeout
         while pc.connectionState != "connected":
@@ -102,7 +119,34 @@ class Caller(Ears):
             await asyncio.sleep(0.02)
         return self.call_id
 
+    def _put_on_line(self, pc: RTCPeerConnection, line: CallerLine, answer: str) -> None:
+        """Send the microphone's RTP through the line. aiortc's audio sender hands each packet to its
+        DTLS transport's `_send_rtp` coroutine, which encrypts and sends it: wrapped there (once the
+        answer has settled which transport that is), a packet is lost or late after it was numbered,
+        as on a real network. RTCP, which shares the transport, goes as it is."""
+        wanted = line.codec_for("webrtc")
+        audio = [m for m in SessionDescription.parse(answer).media if m.kind == "audio"]
+        answered = audio[0].rtp.codecs[0].mimeType.split("/")[-1] if audio and audio[0].rtp.codecs else ""
+        if line.line.codec and answered.lower() != wanted.lower():
+            raise ScenarioError(f"line.codec {wanted} was asked for, but the service answered {answered!r}")
+        sender = next((s for s in pc.getSenders() if s.kind == "audio"), None)
+        if sender is None or sender.transport is None:
+            raise ScenarioError("the WebRTC call has no audio sender to put the line's impairments on")
+        transport = sender.transport
+        send_rtp = transport._send_rtp
+        impaired = line.impair(send_rtp)
+
+        async def through_line(data: bytes) -> None:
+            if is_rtcp(data):
+                await send_rtp(data)
+            else:
+                impaired(data)
+
+        setattr(transport, "_send_rtp", through_line)  # noqa: B010 (an instance's method, replaced)
+
     async def hangup(self) -> None:
+        if self.line is not None:
+            self.line.close()
         if self.call_id:
             with contextlib.suppress(aiohttp.ClientError):
                 async with (

@@ -13,6 +13,9 @@ media server:
 What the caller heard is kept one entry per 20 ms as played (`heard`, as for the other scripted
 callers), next to when each `media`, `mark` and `clear` arrived; the call's events come from
 `GET /api/calls/<id>/events`. Used by the carrier integration tests.
+
+Given a scenario's `line` (scenarios/line.py), its noise is under every frame and its `media` messages
+go through the line's losses, jitter and stalls.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import json
 import secrets
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree
 
 import aiohttp
@@ -35,6 +39,9 @@ import numpy as np
 from parley.audio import rms_dbfs, ulaw_decode, ulaw_encode
 from parley.bench.listening import CallFailed, Ears, Mouth
 from parley.transports.base import FrameClock
+
+if TYPE_CHECKING:
+    from parley.scenarios.line import CallerLine
 
 CARRIER_RATE = 8000
 FRAME = 160  # 20 ms of 8 kHz mu-law
@@ -52,6 +59,7 @@ class CarrierCaller(Ears):
         called: str = "+15550199999",
         auth_token: str = "",
         query: str = "",
+        line: CallerLine | None = None,
     ) -> None:
         super().__init__(CARRIER_RATE)
         self.base_url = base_url.rstrip("/")
@@ -60,7 +68,11 @@ class CarrierCaller(Ears):
         self.called = called
         self.auth_token = auth_token
         self.query = query
-        self.mic = Mouth(CARRIER_RATE)
+        if line is not None:
+            line.codec_for("carrier")  # a carrier's stream is mu-law: a line asking for another is refused
+        self.line = line
+        self.mic = Mouth(CARRIER_RATE, frame_filter=line.noisy(CARRIER_RATE) if line is not None else None)
+        self._line_media: Callable[[str], None] | None = None  # sends a media message through the line
         self.call_sid = ("CA" if carrier == "twilio" else "v3:") + secrets.token_hex(16)
         self.stream_id = ("MZ" if carrier == "twilio" else "") + secrets.token_hex(16)
         self.call_id = ""  # the service's
@@ -107,6 +119,8 @@ class CarrierCaller(Ears):
         self._session = aiohttp.ClientSession()
         url, params = await self.answer()
         self._ws = await self._session.ws_connect(url)
+        if self.line is not None:
+            self._line_media = self.line.impair(self._ws.send_str)
         await self._send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         await self._send({"event": "start", "start": self._start(params)})
         self._tasks = [asyncio.ensure_future(self._read()), asyncio.ensure_future(self._tick())]
@@ -148,11 +162,14 @@ class CarrierCaller(Ears):
     # the media server
 
     async def _send(self, message: dict[str, Any]) -> None:
+        assert self._ws is not None
+        await self._ws.send_str(self._numbered(message))
+
+    def _numbered(self, message: dict[str, Any]) -> str:
         self._sequence += 1
         key = "streamSid" if self.carrier == "twilio" else "stream_id"
         number = "sequenceNumber" if self.carrier == "twilio" else "sequence_number"
-        assert self._ws is not None
-        await self._ws.send_str(json.dumps({**message, number: str(self._sequence), key: self.stream_id}))
+        return json.dumps({**message, number: str(self._sequence), key: self.stream_id})
 
     async def _tick(self) -> None:
         """Every 20 ms: one frame of the caller's voice out, one frame of the agent's played."""
@@ -163,7 +180,11 @@ class CarrierCaller(Ears):
             pcm = self.mic.next_frame(now)
             self._chunk += 1
             media = {"track": "inbound", "chunk": str(self._chunk), "timestamp": str(self._chunk * 20)}
-            await self._send({"event": "media", "media": {**media, "payload": _b64(ulaw_encode(pcm))}})
+            message = {"event": "media", "media": {**media, "payload": _b64(ulaw_encode(pcm))}}
+            if self._line_media is None:
+                await self._send(message)
+            else:  # numbered as it leaves, so that a message the line loses leaves a gap
+                self._line_media(self._numbered(message))
             await self._echo_due_marks()
             frame = self._playout.popleft() if self._playout else np.zeros(FRAME, dtype=np.int16)
             assert isinstance(frame, np.ndarray)
@@ -219,6 +240,8 @@ class CarrierCaller(Ears):
         return next((t for t, level in self.arrivals if t >= after and level > min_dbfs), None)
 
     async def hangup(self) -> None:
+        if self.line is not None:
+            self.line.close()
         if self._ws is not None and not self._ws.closed:
             with contextlib.suppress(Exception):
                 await self._send({"event": "stop", "stop": {"accountSid": "AC0", "callSid": self.call_sid}})

@@ -14,6 +14,7 @@ import itertools
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,11 +41,13 @@ class Playback:
 
 
 class Mouth:
-    """Queued clips, handed out one frame at a time at `rate`; silence between them."""
+    """Queued clips, handed out one frame at a time at `rate`; silence between them. A `frame_filter`
+    changes every frame handed out, silent ones too (a scenario's line adds its background noise)."""
 
-    def __init__(self, rate: int) -> None:
+    def __init__(self, rate: int, *, frame_filter: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         self.rate = rate
         self.frame_samples = samples_per_frame(rate)
+        self.frame_filter = frame_filter
         self._clips: deque[Playback] = deque()
 
     def play(self, pcm16k: np.ndarray) -> Playback:
@@ -71,7 +74,7 @@ class Mouth:
             if clip.offset >= clip.pcm.size:
                 self._clips.popleft()
                 clip.finished.set_result(now + filled / self.rate)
-        return frame
+        return frame if self.frame_filter is None else self.frame_filter(frame)
 
 
 @dataclass
