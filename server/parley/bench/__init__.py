@@ -29,6 +29,7 @@ def add_bench_parser(commands: Any) -> None:
         response,
         tools,
     )
+    from parley.bench.service import add_service_arguments
 
     bench = commands.add_parser("bench", help="run a benchmark (at the caller)", description=__doc__)
     names = bench.add_subparsers(dest="bench", required=True, metavar="NAME")
@@ -46,13 +47,7 @@ def add_bench_parser(commands: Any) -> None:
         parser = names.add_parser(module.NAME, help=module.HELP, description=module.__doc__)
         parser.add_argument("--url", default="", help="a running service; default: start one on a free port")
         parser.add_argument("--json", default="", help="write results here (default bench-NAME.json)")
-        parser.add_argument(
-            "--server-arg",
-            action="append",
-            default=[],
-            help="extra `parley serve` flag for the started service (repeatable: --server-arg=--device=cpu)",
-        )
-        parser.add_argument("--server-log", default="", help="write the started service's log here")
+        add_service_arguments(parser)
         module.add_arguments(parser)
         parser.set_defaults(run=_runner(module.NAME, module.run))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -28,6 +29,17 @@ def free_port() -> int:
                 except OSError:
                     continue
             return port
+
+
+def add_service_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a command that starts the service itself (a benchmark, `parley test`) is told to start it."""
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra `parley serve` flag for the started service (repeatable: --server-arg=--device=cpu)",
+    )
+    parser.add_argument("--server-log", default="", help="write the started service's log here")
 
 
 class Service:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from parley.agent.agentfile import parse_agent_arg
+from parley.bench.service import Service, add_service_arguments
 from parley.scenarios.chat import chat_for
 from parley.scenarios.junit import write_junit
 from parley.scenarios.progress import Progress
@@ -70,13 +71,7 @@ def add_test_parser(commands: Any) -> None:
         default="",
         help="an OpenAI-compatible endpoint that judges [expect.judge] (default: the local model)",
     )
-    parser.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        help="extra `parley serve` flag for the started service (repeatable: --server-arg=--max-calls=4)",
-    )
-    parser.add_argument("--server-log", default="", help="write the started service's log here")
+    add_service_arguments(parser)
     parser.set_defaults(run=run_command)
 
 
@@ -116,8 +111,6 @@ def _agent(value: str) -> tuple[str, Path]:
 async def _run(
     args: argparse.Namespace, scenarios: list[Scenario], agents: list[tuple[str, Path]]
 ) -> list[ScenarioResult]:
-    from parley.bench.service import Service
-
     progress = Progress(len(scenarios))
     results: list[ScenarioResult] = []
     key = os.environ.get("OPENAI_API_KEY", "")  # for a hosted endpoint; never on the command line
