@@ -26,9 +26,8 @@ from parley.scenarios.scenario import (
     Turn,
     TurnExpectation,
     Voice,
-    discover,
-    load,
 )
+from parley.scenarios.scenario_file import discover, load
 
 ORDER_DESK = """
 name = "where is my order"

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import TYPE_CHECKING
 
 import aiohttp
 import numpy as np
@@ -29,14 +28,10 @@ from aiortc.rtp import is_rtcp
 from aiortc.sdp import SessionDescription
 
 from parley.audio import rms_dbfs
-from parley.bench.listening import CallFailed, Ears, Mouth, Playback
-from parley.scenarios.scenario import ScenarioError
+from parley.bench.listening import CallFailed, Ears, LineConditions, Mouth, Playback
 from parley.transports.opus_inbound import InlineDecoding, decode_inline
 from parley.transports.webrtc_signaling import configure_ice
 from parley.transports.webrtc_tracks import WEBRTC_RATE, PacedAudioTrack, audio_frames, set_jitter_prefetch
-
-if TYPE_CHECKING:
-    from parley.scenarios.line import CallerLine
 
 # aiortc's receiver holds 4 frames (80 ms) before playing; a browser's adaptive jitter buffer on a
 # clean loopback link sits near its floor of about one frame, which is what the benchmark caller mimics.
@@ -67,7 +62,7 @@ class Caller(Ears):
         token: str = "",
         ice_addresses: tuple[str, ...] = ("127.0.0.1",),
         jitter_frames: int = BROWSER_JITTER_FRAMES,
-        line: CallerLine | None = None,
+        line: LineConditions | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.jitter_frames = jitter_frames
@@ -119,7 +114,7 @@ class Caller(Ears):
             await asyncio.sleep(0.02)
         return self.call_id
 
-    def _put_on_line(self, pc: RTCPeerConnection, line: CallerLine, answer: str) -> None:
+    def _put_on_line(self, pc: RTCPeerConnection, line: LineConditions, answer: str) -> None:
         """Send the microphone's RTP through the line. aiortc's audio sender hands each packet to its
         DTLS transport's `_send_rtp` coroutine, which encrypts and sends it: wrapped there (once the
         answer has settled which transport that is), a packet is lost or late after it was numbered,
@@ -127,11 +122,11 @@ class Caller(Ears):
         wanted = line.codec_for("webrtc")
         audio = [m for m in SessionDescription.parse(answer).media if m.kind == "audio"]
         answered = audio[0].rtp.codecs[0].mimeType.split("/")[-1] if audio and audio[0].rtp.codecs else ""
-        if line.line.codec and answered.lower() != wanted.lower():
-            raise ScenarioError(f"line.codec {wanted} was asked for, but the service answered {answered!r}")
+        if line.names_codec() and answered.lower() != wanted.lower():
+            raise CallFailed(f"line.codec {wanted} was asked for, but the service answered {answered!r}")
         sender = next((s for s in pc.getSenders() if s.kind == "audio"), None)
         if sender is None or sender.transport is None:
-            raise ScenarioError("the WebRTC call has no audio sender to put the line's impairments on")
+            raise CallFailed("the WebRTC call has no audio sender to put the line's impairments on")
         transport = sender.transport
         send_rtp = transport._send_rtp
         impaired = line.impair(send_rtp)

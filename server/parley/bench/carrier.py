@@ -30,18 +30,15 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from xml.etree import ElementTree
 
 import aiohttp
 import numpy as np
 
 from parley.audio import rms_dbfs, ulaw_decode, ulaw_encode
-from parley.bench.listening import CallFailed, Ears, Mouth
+from parley.bench.listening import CallFailed, Ears, LineConditions, Mouth
 from parley.transports.base import FrameClock
-
-if TYPE_CHECKING:
-    from parley.scenarios.line import CallerLine
 
 CARRIER_RATE = 8000
 FRAME = 160  # 20 ms of 8 kHz mu-law
@@ -59,7 +56,7 @@ class CarrierCaller(Ears):
         called: str = "+15550199999",
         auth_token: str = "",
         query: str = "",
-        line: CallerLine | None = None,
+        line: LineConditions | None = None,
     ) -> None:
         super().__init__(CARRIER_RATE)
         self.base_url = base_url.rstrip("/")

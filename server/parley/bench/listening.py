@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import numpy as np
@@ -84,6 +84,24 @@ class Heard:
     times: list[float] = field(default_factory=list)
     levels: list[float] = field(default_factory=list)
     pcm: list[np.ndarray] = field(default_factory=list)
+
+
+P = TypeVar("P")
+
+
+class LineConditions(Protocol):
+    """What a scripted caller's line does to what it sends (a scenario's line, scenarios/line.py): the
+    codec it asks for, noise under every frame, and losses, jitter and stalls on every packet."""
+
+    def codec_for(self, transport: str) -> str: ...
+
+    def names_codec(self) -> bool: ...
+
+    def noisy(self, rate: int) -> Callable[[np.ndarray], np.ndarray]: ...
+
+    def impair(self, send: Callable[[P], object]) -> Callable[[P], None]: ...
+
+    def close(self) -> None: ...
 
 
 class Microphone(Protocol):

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from parley.audio import rms_dbfs
-from parley.bench.listening import CallFailed, Ears, Mouth
+from parley.bench.listening import CallFailed, Ears, LineConditions, Mouth
 from parley.transports.base import send_paced
 from parley.transports.sip.dialog import Dialog
 from parley.transports.sip.endpoint import SipEndpoint
@@ -29,9 +29,6 @@ from parley.transports.sip.message import SipRequest, SipResponse, new_branch, n
 from parley.transports.sip.sdp import negotiated_from_answer, offer, parse_sdp
 from parley.transports.sip.transactions import Peer, ServerTransaction, TransactionLayer
 from parley.transports.sip.uri import NameAddr, SipError, SipUri, bare_host
-
-if TYPE_CHECKING:
-    from parley.scenarios.line import CallerLine
 
 SIP_RATE = 8000
 CALLER_RTP_PORTS = (40000, 49999)
@@ -42,7 +39,7 @@ class _LineDatagrams(asyncio.DatagramTransport):
     line loses, delays or holds the datagram, so that a lost packet leaves a gap in the sequence numbers
     as it does on a real network."""
 
-    def __init__(self, transport: asyncio.DatagramTransport, line: CallerLine) -> None:
+    def __init__(self, transport: asyncio.DatagramTransport, line: LineConditions) -> None:
         super().__init__()
         self._transport = transport
 
@@ -77,14 +74,14 @@ class SipCaller(Ears):
         *,
         codec: str = "PCMU",
         token: str = "",
-        line: CallerLine | None = None,
+        line: LineConditions | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(SIP_RATE)
         self.base_url = base_url.rstrip("/")
         self.target = SipUri.parse(sip_uri)
         # A line that names its codec has it (and one that cannot be had over SIP is refused here).
-        self.codec = line.codec_for("sip") if line is not None and line.line.codec else codec
+        self.codec = line.codec_for("sip") if line is not None and line.names_codec() else codec
         self.token = token
         self.line = line
         self.mic = Mouth(SIP_RATE, frame_filter=line.noisy(SIP_RATE) if line is not None else None)

@@ -26,7 +26,8 @@ from parley.scenarios.progress import Progress
 from parley.scenarios.report_html import write_report
 from parley.scenarios.results import ScenarioResult
 from parley.scenarios.runner import ScenarioRun, Target
-from parley.scenarios.scenario import Scenario, ScenarioError, discover, load
+from parley.scenarios.scenario import Scenario, ScenarioError
+from parley.scenarios.scenario_file import discover, load
 from parley.scenarios.tool_mocks import ToolMocks, agent_with_mocks
 
 SERVICE_START_S = 600.0  # a first start prepares the models into the cache

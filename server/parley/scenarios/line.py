@@ -68,6 +68,10 @@ class CallerLine:
 
     # the codec
 
+    def names_codec(self) -> bool:
+        """Whether the scenario asks for a codec (else each transport uses its own)."""
+        return bool(self.line.codec)
+
     def codec_for(self, transport: str) -> str:
         """The codec the caller uses over `transport` (the line's, else the transport's own); ScenarioError
         when the line's codec is not spoken there."""

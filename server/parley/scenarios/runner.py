@@ -1,19 +1,13 @@
 """One scenario played as one real call: the caller dials over the chosen transport, speaks each turn
-when its timing says, and keeps what came back; then the call's record says what the agent heard and
-said, and the expectations judge it.
-
-What the caller hears is measured at the caller (bench/listening.py's ears, one entry per 20 ms): its
-speech spans, the agent's spans, where they overlap, how long each reply took to start. What the agent
-heard and said comes from the service (`GET /api/calls/<id>`: the transcript as heard, cut where the
-caller cut it), matched to the scripted turn during which each of the service's turns began.
+when its timing says (after the agent's reply is over, into it, or at once), and keeps what came back
+(bench/listening.py's ears, one entry per 20 ms, and the call's events); then findings.py puts the
+call's record and those ears together, and the expectations judge them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +23,7 @@ from parley.bench.listening import SPEECH_DBFS, CallFailed
 from parley.bench.sip_caller import SipCaller
 from parley.scenarios import expectations
 from parley.scenarios.chat import ChatError, ChatModel
+from parley.scenarios.findings import Played, fill_in
 from parley.scenarios.judge import judge
 from parley.scenarios.line import CallerLine
 from parley.scenarios.llm_caller import LlmCallerPlayer
@@ -43,7 +38,6 @@ AnyCaller = Caller | SipCaller | CarrierCaller
 REPLY_WAIT_S = 30.0  # the longest a reply may take to come (and end) before the turn is failed
 SETTLE_S = 1.5  # a reply is over once this passes with nothing new (an unfinished sentence is held longer)
 END_WAIT_S = 20.0  # how long the agent has to end the call itself once its last reply is over
-SPAN_GAP_S = 0.25  # speech frames this close belong to one span (Piper pauses between sentences)
 POLL_S = 0.5
 
 
@@ -358,116 +352,24 @@ class ScenarioRun:
     # what happened
 
     async def _collect(self) -> None:
-        """The call's record (once the service has ended it), matched to the turns, and what the caller
-        measured."""
-        deadline = time.monotonic() + 10.0
+        """Once the service has ended the call: its record, matched to the turns, and what the caller
+        measured (findings.py)."""
+        ended_at = time.monotonic()
+        deadline = ended_at + 10.0
         details = self.details
         while details.get("state") != "ended" and time.monotonic() < deadline:
             details = await self._get_call()
             if details.get("state") != "ended":
                 await asyncio.sleep(POLL_S)
-        result, caller = self.result, self.caller
-        assert caller is not None
-        result.outcome = str(details.get("ended_reason") or "")
-        result.transferred_to = getattr(caller, "transferred_to", "") or str(
-            (caller.latest_event("transfer") or {}).get("to") or ""
-        )
-        end = time.monotonic()
-        result.duration_s = round(end - self.t0, 2)
-        self._match_transcript(details.get("transcript") or [])
-        result.tool_calls = self._tool_calls(details.get("transcript") or [])
-        result.caller_speech = [t.spoke for t in result.turns if t.spoke is not None]
-        result.agent_speech = self._agent_spans()
-        spoken_over = [
-            t.spoke for t in result.turns if t.spoke is not None and t.index not in self._backchannels
-        ]
-        result.talk_over = _overlaps(spoken_over, result.agent_speech)
-        for index, turn in enumerate(result.turns):
-            if turn.spoke is not None and turn.index not in self._backchannels and turn.reply:
-                until = result.turns[index + 1].spoke if index + 1 < len(result.turns) else None
-                turn.response_s = self._response(turn.spoke.end, until.start if until else None)
-        latencies = sorted(t.response_s for t in result.turns if t.response_s is not None)
-        if latencies:
-            result.response_p50_s = round(statistics.median(latencies), 3)
-            result.response_p95_s = round(latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 3)
-
-    def _match_transcript(self, transcript: list[dict[str, Any]]) -> None:
-        """Each of the service's turns goes to the scripted turn during which it began: the first event
-        that named it arrived then (an agent may answer one scripted turn in two of its own)."""
         assert self.caller is not None
-        first_seen: dict[str, float] = {}
-        for at, payload in self.caller.events:
-            turn_id = payload.get("turn_id")
-            if isinstance(turn_id, str):
-                first_seen.setdefault(turn_id, at)
-        for entry in transcript:
-            turn_id = str(entry.get("turn_id", ""))
-            if turn_id == "greeting":
-                self.result.greeting = str(entry.get("agent") or "")
-                continue
-            seen = first_seen.get(turn_id)
-            if seen is None and isinstance(entry.get("started"), int | float):
-                seen = self.t0 + float(entry["started"]) - self.wall_t0
-            owner = self._owner(seen)
-            if owner is None:
-                continue
-            if entry.get("user"):
-                owner.heard = " ".join(filter(None, (owner.heard, str(entry["user"]))))
-            if entry.get("agent"):
-                owner.reply = " ".join(filter(None, (owner.reply, str(entry["agent"]))))
-                owner.interrupted = owner.interrupted or bool(entry.get("interrupted"))
-            owner.tools += [_tool(t) for t in entry.get("tools") or []]
-
-    def _owner(self, at: float | None) -> TurnResult | None:
-        if at is None:
-            return None
-        owner = None
-        for begun, turn in self._windows:
-            if begun <= at:
-                owner = turn
-        return owner
-
-    def _tool_calls(self, transcript: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every tool call of the call: as the mock webhook received them (what the backend would have
-        got), else as the record has them."""
+        mocked = None
         if self.target.mocks is not None:
-            return [
+            mocked = [
                 {"name": c.name, "arguments": c.arguments, "result": c.answered}
                 for c in self.target.mocks.calls_of(self.result.call_id)
             ]
-        return [_tool(t) for entry in transcript for t in entry.get("tools") or []]
-
-    def _agent_spans(self) -> list[Span]:
-        assert self.caller is not None
-        heard = self.caller.heard
-        spans: list[Span] = []
-        for at, level in zip(heard.times, heard.levels, strict=False):
-            if level <= SPEECH_DBFS:
-                continue
-            t = at - self.t0
-            if spans and t - spans[-1].end <= SPAN_GAP_S:
-                spans[-1] = Span(spans[-1].start, t + 0.02)
-            else:
-                spans.append(Span(t, t + 0.02))
-        return [Span(round(s.start, 3), round(s.end, 3)) for s in spans]
-
-    def _response(self, spoken_end: float, until: float | None) -> float | None:
-        """From the end of the caller's speech to the onset of reply audio after it (a reply still
-        sounding when the caller stopped is not its answer: the onset follows a silence)."""
-        assert self.caller is not None
-        heard = self.caller.heard
-        silent_seen = False
-        for at, level in zip(heard.times, heard.levels, strict=False):
-            t = at - self.t0
-            if t < spoken_end:
-                continue
-            if until is not None and t >= until:
-                return None
-            if level <= SPEECH_DBFS:
-                silent_seen = True
-            elif silent_seen:
-                return round(t - spoken_end, 3)
-        return None
+        played = Played(self.caller, self.t0, self.wall_t0, ended_at, self._windows, self._backchannels)
+        fill_in(self.result, details, played, mocked)
 
 
 def _action(turn: Turn) -> str:
@@ -480,25 +382,3 @@ def _action(turn: Turn) -> str:
     if turn.silence_s:
         return f"stayed quiet {turn.silence_s:g} s"
     return "hung up"
-
-
-def _tool(entry: dict[str, Any]) -> dict[str, Any]:
-    arguments = entry.get("arguments")
-    if isinstance(arguments, str):
-        with contextlib.suppress(ValueError):
-            arguments = json.loads(arguments)
-    result = entry.get("result")
-    if isinstance(result, str):
-        with contextlib.suppress(ValueError):
-            result = json.loads(result)
-    return {"name": entry.get("name"), "arguments": arguments, "result": result}
-
-
-def _overlaps(caller: list[Span], agent: list[Span]) -> list[Span]:
-    found = []
-    for a in caller:
-        for b in agent:
-            start, end = max(a.start, b.start), min(a.end, b.end)
-            if end > start:
-                found.append(Span(round(start, 3), round(end, 3)))
-    return found
