@@ -25,7 +25,8 @@ from parley.config import Settings
 from parley.engines.compute_load import COMPUTE
 from parley.engines.endpoint import OpenAiLlm
 from parley.engines.llamacpp_model import Sequence
-from parley.engines.llm_llamacpp import LlamaCppLlm, _may_step, _Request
+from parley.engines.llamacpp_schedule import Request, may_step
+from parley.engines.llm_llamacpp import LlamaCppLlm
 from parley.engines.llm_loading import load_llm
 from parley.engines.urgency import never_due
 from parley.records.redaction import analysis_without_text
@@ -311,14 +312,14 @@ def test_an_analysis_is_held_while_a_live_call_makes_its_reply_or_another_engine
 
 
 def test_the_llamacpp_engine_steps_work_of_no_live_call_only_when_no_call_s_is_in_flight() -> None:
-    background = _Request([1, 2, 3], 10, due=never_due)
-    live = _Request([1, 2, 3], 10, due=time.monotonic)
+    background = Request([1, 2, 3], 10, due=never_due)
+    live = Request([1, 2, 3], 10, due=time.monotonic)
     assert background.background and not live.background
     background.unread = live.unread = [3]
-    assert not _may_step(background, live=True) and _may_step(live, live=True)  # even its prompt waits
-    assert _may_step(background, live=False)
+    assert not may_step(background, live=True) and may_step(live, live=True)  # even its prompt waits
+    assert may_step(background, live=False)
     background.held = lambda: True
-    assert not _may_step(background, live=False)
+    assert not may_step(background, live=False)
 
 
 def test_work_of_no_live_call_takes_no_live_conversation_s_cells() -> None:

@@ -15,8 +15,9 @@ from parley.config import DEFAULT_GREETING, DEFAULT_SYSTEM_PROMPT, Settings
 from parley.engines.cache import CacheError, llm_gguf, verify_folder
 from parley.engines.compute_load import COMPUTE
 from parley.engines.device import cpu_threads
+from parley.engines.llamacpp_schedule import HOLD_AHEAD, Request, most_urgent
 from parley.engines.llm import LlmError, Message
-from parley.engines.llm_llamacpp import HOLD_AHEAD, LlamaCppLlm, _most_urgent, _Request
+from parley.engines.llm_llamacpp import LlamaCppLlm
 from parley.engines.llm_loading import load_llm
 from parley.engines.urgency import HELD, URGENCY, never_due
 from parley.settings_sources import SettingsError, validate
@@ -269,12 +270,12 @@ def test_a_reply_due_sooner_goes_ahead_of_one_already_speaking(
 
 
 def test_a_step_is_for_the_replies_due_first() -> None:
-    def request(due: float) -> _Request:
-        return _Request([1], 10, due=lambda: due)
+    def request(due: float) -> Request:
+        return Request([1], 10, due=lambda: due)
 
     soon, as_soon, later = request(100.1), request(100.12), request(101)
-    assert _most_urgent([later, soon]) == [soon]
-    assert _most_urgent([later, as_soon, soon]) == [as_soon, soon]  # due together: they share it
+    assert most_urgent([later, soon]) == [soon]
+    assert most_urgent([later, as_soon, soon]) == [as_soon, soon]  # due together: they share it
 
 
 def test_work_of_no_live_call_waits_while_a_call_s_reply_is_in_flight_and_goes_on_after(

@@ -23,18 +23,16 @@ Work of no live call (a post-call analysis, due `NEVER`: engines/urgency.py) yie
 gets no sequence while a call's reply waits for one, no step while any call's reply is in flight or its
 own rule holds it, and reads its prompt a few tokens a step on one thread, so that a caller whose turn
 ends meanwhile waits for one short step at most and the other core stays with the calls' Whisper and
-Piper. It takes a sequence no call's conversation needs (see
-`_room_for_background`), so that no live call reads its history again for it.
+Piper. It takes a sequence no call's conversation needs, so that no live call reads its history again
+for it. Those rules (who gets a sequence, who takes part in a step) are llamacpp_schedule.py's.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +44,18 @@ from parley.engines.device import cpu_threads
 from parley.engines.llamacpp_model import (
     BATCH_TOKENS,
     CONTEXT_PER_SEQUENCE,
-    COPY_MIN_TOKENS,
     LlamaCppModel,
     Sequence,
-    common_prefix,
     place,
+)
+from parley.engines.llamacpp_schedule import (
+    BACKGROUND_PREFILL_TOKENS,
+    Request,
+    may_step,
+    most_urgent,
+    next_to_admit,
+    reading_ahead_of,
+    room_for_background,
 )
 from parley.engines.llm import (
     STEPS_DONE,
@@ -62,8 +67,7 @@ from parley.engines.llm import (
     deltas_from_steps,
 )
 from parley.engines.token_choice import TokenChooser, end_call
-from parley.engines.tool_grammar import ToolCallGrammar, grammar_for, json_grammar_for
-from parley.engines.urgency import due_by, held_by, in_background
+from parley.engines.tool_grammar import grammar_for, json_grammar_for
 from parley.log import event
 
 log = logging.getLogger(__name__)
@@ -72,70 +76,8 @@ log = logging.getLogger(__name__)
 # prompt costs ~10 ms a token, and every reply in the batch waits for it.
 SHARED_PREFILL_TOKENS = 96
 MAX_POSITION = 16384  # half of Qwen2.5's trained context: positions beyond stay untested
-# A reply whose caller has not taken this many of its tokens sits the next step out: a caller who reads
-# on keeps far ahead of it (a step is ~40 ms), one who waits pauses its reply within a token or two.
-HOLD_AHEAD = 2
-SAME_DUE_S = 0.05  # replies due this close together share a step (see _most_urgent)
 READ_AHEAD_DUE_S = 1.0  # the opening of a caller's next turn is read before replies due later than this
-# Work of no live call reads this many prompt tokens a step at most: a live reply, or Whisper, that
-# starts meanwhile waits for that step (~10 ms a token on 2 cores), no longer than for a decoding step.
-BACKGROUND_PREFILL_TOKENS = 4
 JSON_REPLY_TOKENS = 256  # a JSON reply's tokens at most (a post-call extraction or verdict)
-
-
-@dataclass
-class _Request:
-    prompt: list[int]
-    limit: int  # tokens to say at most (0: only read the prompt)
-    steps: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
-    stopped: bool = False  # its caller is gone or told to stop: dropped at the next step
-    said: list[int] = field(default_factory=list)
-    asked_at: float = field(default_factory=time.monotonic)
-    started_at: float = 0.0
-    sequence: Sequence | None = None
-    unread: list[int] = field(default_factory=list)  # prompt tokens not yet in the KV cache
-    next_token: int | None = None  # sampled, to be fed at the next step
-    reused: int = 0  # prompt tokens found already in the KV cache
-    waiting: bool = False  # its caller is asking whether to stop, which may wait (for the reply's audio)
-    earlier: list[list[int]] = field(default_factory=list)  # the conversation's earlier replies' tokens
-    # When its next words are due: the asking reply's deadline (engines/urgency.py), read where it is asked.
-    due: Callable[[], float] = field(default_factory=due_by)
-    # Whether its caller wants it to wait (engines/urgency.py, `HELD`): while its first piece is voiced.
-    held: Callable[[], bool] = field(default_factory=held_by)
-    tool_grammar: str | None = None  # what a call to the offered tools may be (engines/tool_grammar.py)
-    call: ToolCallGrammar | None = None  # the tool call being written, held to that grammar
-    called: bool = False  # it opened a tool call
-    words_only: bool = False  # offered tools that it may not call this time
-    json_reply: bool = False  # held to `tool_grammar` (a JSON Schema's) from its first token
-    background: bool = field(init=False)  # for no live call (engines/urgency.py): yields to every call's
-
-    def __post_init__(self) -> None:
-        self.background = in_background(self.due)
-
-
-def _most_urgent(ready: list[_Request]) -> list[_Request]:
-    """The replies a step is for: the one due first (engines/urgency.py), and those due within SAME_DUE_S.
-
-    On this CPU a step costs nearly as much per reply however many share it (two threads, 100 tokens of
-    conversation each: one reply's token 15 ms, two 28, three 37, four 40, six 65): a step for all of
-    them brings every reply's first words late together, where one at a time brings the first caller's
-    at once and the last one's little later. A reply that speaks already is due once the speech of what
-    it said is about to run out, so a caller still waiting for their first words goes ahead of it.
-    """
-    dues = [(r.due(), r) for r in ready]
-    first = min(due for due, _ in dues)
-    return [r for due, r in dues if due <= first + SAME_DUE_S]
-
-
-def _may_step(request: _Request, live: bool) -> bool:
-    """Whether `request` takes part in the next step: its prompt is unread, or its caller has taken its
-    last tokens and neither waits nor holds it. Work of no live call waits while any call's is in flight
-    (`live`) or its own rule holds it (engines/urgency.py), its prompt too."""
-    if request.background and (live or request.held()):
-        return False
-    if request.unread:
-        return True
-    return not request.waiting and not request.held() and request.steps.qsize() < HOLD_AHEAD
 
 
 class LlamaCppLlm(LocalLlm):
@@ -178,8 +120,8 @@ class LlamaCppLlm(LocalLlm):
         self._condition = threading.Condition()
         self._warm_start: list[int] = []  # what every conversation begins with (`warm`)
         self._background_seqs: set[int] = set()  # sequences last used by work of no live call
-        self._waiting: list[_Request] = []
-        self._active: list[_Request] = []
+        self._waiting: list[Request] = []
+        self._active: list[Request] = []
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="llm-llamacpp", daemon=True)
         self._thread.start()
@@ -227,7 +169,7 @@ class LlamaCppLlm(LocalLlm):
         request = self._ask(prompt, max_tokens, tool_grammar=grammar, json_reply=grammar is not None)
         return "".join(self._deltas(request, should_stop))
 
-    def _deltas(self, request: _Request, should_stop: Callable[[], bool]) -> Iterator[str]:
+    def _deltas(self, request: Request, should_stop: Callable[[], bool]) -> Iterator[str]:
         """`request`'s text as it is decoded, until it ends or `should_stop`."""
 
         def asking_to_stop() -> bool:
@@ -257,8 +199,8 @@ class LlamaCppLlm(LocalLlm):
         *,
         words_only: bool = False,
         json_reply: bool = False,
-    ) -> _Request:
-        request = _Request(
+    ) -> Request:
+        request = Request(
             prompt,
             limit,
             earlier=earlier or [],
@@ -316,9 +258,9 @@ class LlamaCppLlm(LocalLlm):
                 self._retire_stopped()
                 self._admit()
                 live = any(not r.background for r in (*self._waiting, *self._active))
-                ready = [r for r in self._active if _may_step(r, live)]
+                ready = [r for r in self._active if may_step(r, live)]
                 if ready:
-                    ready = _most_urgent(ready)
+                    ready = most_urgent(ready)
                     break
                 # Nothing to read and every reply waits for its caller: sleep until one moves.
                 self._condition.wait(0.05 if self._active else None)
@@ -333,7 +275,7 @@ class LlamaCppLlm(LocalLlm):
         for request in [r for r in self._active if r.stopped]:
             self._release(request)
 
-    def _release(self, request: _Request) -> None:
+    def _release(self, request: Request) -> None:
         """The reply is over: its sequence keeps what it read (the next turn starts with it)."""
         if request in self._active:
             self._active.remove(request)
@@ -347,7 +289,7 @@ class LlamaCppLlm(LocalLlm):
         """Give waiting replies a free sequence (llamacpp_model.place), and what of their prompt is left:
         live calls' first, in order; work of no live call once no call's is in flight."""
         while self._waiting:
-            request = next((r for r in self._waiting if not r.background), self._waiting[0])
+            request = next_to_admit(self._waiting)
             if request.stopped:
                 self._waiting.remove(request)
                 request.steps.put(STEPS_DONE)
@@ -355,7 +297,7 @@ class LlamaCppLlm(LocalLlm):
             if request.background and any(not r.background for r in self._active):
                 return
             free = [s for s in self._sequences if s.request is None]
-            if not free or self._reading_ahead_of(request.prompt):
+            if not free or reading_ahead_of(self._sequences, request.prompt):
                 return
             self._waiting.remove(request)
             if request.background:
@@ -380,38 +322,15 @@ class LlamaCppLlm(LocalLlm):
             self._active.append(request)
 
     def _room_for_background(self, free: list[Sequence], prompt: list[int]) -> list[Sequence]:
-        """The free sequences work of no live call may take: one that holds the start of its prompt (an
-        analysis's earlier question about the same call), else an empty one or one such work used last,
-        else the one used longest ago, unless it alone holds what every conversation begins with (a live
-        call's conversation is used at each of its turns, and a new call copies that start)."""
-        sharing = [s for s in free if common_prefix(s.tokens, prompt) >= COPY_MIN_TOKENS]
-        if sharing:
-            return sharing
-        spare = [s for s in free if not s.tokens or s.seq_id in self._background_seqs]
-        if spare:
-            return [min(spare, key=lambda s: (bool(s.tokens), s.used_at))]
-        start = self._warm_start
-        holders = [s for s in self._sequences if start and common_prefix(s.tokens, start) == len(start)]
-        others = [s for s in free if holders != [s]] or free
-        return [min(others, key=lambda s: s.used_at)]
+        return room_for_background(free, prompt, self._sequences, self._warm_start, self._background_seqs)
 
-    def _reading_ahead_of(self, prompt: list[int]) -> bool:
-        """Whether a sequence that `prompt` takes up whole is reading ahead (`warm`, the opening of a
-        caller's turn): the prompt waits for that step, after which the sequence holds more of it."""
-        return any(
-            isinstance(s.request, _Request)
-            and s.request.limit <= 0
-            and common_prefix(s.tokens, prompt) == len(s.tokens)
-            for s in self._sequences
-        )
-
-    def _step(self, ready: list[_Request]) -> None:
+    def _step(self, ready: list[Request]) -> None:
         """One llama_decode: a chunk of each unread prompt and the next token of each reply."""
         decoding = [r for r in ready if not r.unread]
         budget = BATCH_TOKENS - len(decoding)
         per_prompt = SHARED_PREFILL_TOKENS if decoding else budget
         entries: list[tuple[int, int, int, bool]] = []
-        fed: list[tuple[_Request, list[int], int | None]] = []  # and the entry whose logits it gets
+        fed: list[tuple[Request, list[int], int | None]] = []  # and the entry whose logits it gets
         for request in ready:
             sequence = request.sequence
             assert sequence is not None
@@ -471,7 +390,7 @@ class LlamaCppLlm(LocalLlm):
             self._model.set_threads(threads)
             self._threads_now = threads
 
-    def _emit(self, request: _Request, logits: np.ndarray) -> None:
+    def _emit(self, request: Request, logits: np.ndarray) -> None:
         if request.limit <= 0:  # a prompt read ahead (warm)
             request.steps.put(STEPS_DONE)
             with self._condition:
@@ -500,7 +419,7 @@ class LlamaCppLlm(LocalLlm):
             return
         request.next_token = token
 
-    def _read_next_opening(self, request: _Request) -> None:
+    def _read_next_opening(self, request: Request) -> None:
         """A reply that ended by itself is followed, in its conversation's next prompt, by the template's
         opening of the caller's next turn: read that now, while the caller listens, and the next turn's
         first token waits for that many tokens fewer (five, ~10 ms each here). A reply cut short, or one
@@ -511,9 +430,9 @@ class LlamaCppLlm(LocalLlm):
         if request.called or any(token in self._chat.tag_ids for token in request.said):
             return
         due = time.monotonic() + READ_AHEAD_DUE_S
-        self._waiting.append(_Request(sequence.tokens + opening, limit=0, due=lambda: due))
+        self._waiting.append(Request(sequence.tokens + opening, limit=0, due=lambda: due))
 
-    def _fail(self, requests: list[_Request], error: LlmError) -> None:
+    def _fail(self, requests: list[Request], error: LlmError) -> None:
         event(log, "llm_decode_failed", logging.ERROR, error=str(error), replies=len(requests))
         with self._condition:
             for request in requests:

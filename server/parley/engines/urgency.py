@@ -1,7 +1,7 @@
 """When the work asked of an engine is due, so that an engine serving many calls serves the most urgent first.
 
 On this CPU a llama.cpp step costs nearly as much per reply however many replies share it (numbers in
-llm_llamacpp.py, `_most_urgent`): stepping every reply in flight together brings six callers' first
+llamacpp_schedule.py, `most_urgent`): stepping every reply in flight together brings six callers' first
 words late together. Given when each reply's next words are due, the LLM steps the one due first, and the
 callers hear their answers one after another, the first at once.
 
