@@ -179,6 +179,53 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ),
     ),
     (
+        "Phone teams",
+        (
+            Panel(
+                "Who answered outbound calls",
+                "The answering-machine verdict of the agent's outbound calls per second (human, machine, "
+                "ivr, unknown), and the p95 of the callee's audio it took to decide.",
+                "cps",
+                (
+                    rate("parley_amd_total", "result"),
+                    Query(
+                        "histogram_quantile(0.95, sum by (le) "
+                        f"(rate(parley_amd_decision_seconds_bucket{{{ALL}}}[{RATE}])))",
+                        "decided after (p95, s)",
+                    ),
+                ),
+                width=6,
+            ),
+            Panel(
+                "Recordings",
+                "Call recordings stored, failed (the file or the store failed) and dropped (the writer fell "
+                "behind), per second. The call goes on either way: failures here are recordings lost.",
+                "cps",
+                (rate("parley_recordings_total", "outcome"),),
+                width=6,
+            ),
+            Panel(
+                "Post-call analyses",
+                "Analyses per second by outcome (ok, invalid, failed, dropped) and ended calls waiting for "
+                "theirs. A queue that only grows means the LLM has no time left beside the live calls.",
+                "short",
+                (
+                    rate("parley_analyses_total", "outcome"),
+                    Query(f"sum(parley_analyses_waiting{{{ALL}}})", "waiting"),
+                ),
+                width=6,
+            ),
+            Panel(
+                "Idle callers",
+                "Lines said to callers who went quiet per second: prompts ('Are you still there?') and "
+                "closings, after which the call ends as idle.",
+                "cps",
+                (rate("parley_idle_prompts_total", "type"),),
+                width=6,
+            ),
+        ),
+    ),
+    (
         "Health",
         (
             Panel(
