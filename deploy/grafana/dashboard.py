@@ -183,17 +183,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         (
             Panel(
                 "Who answered outbound calls",
-                "The answering-machine verdict of the agent's outbound calls per second (human, machine, "
-                "ivr, unknown), and the p95 of the callee's audio it took to decide.",
+                "The answering-machine verdict of the agent's outbound calls per second: human, machine "
+                "(voicemail), ivr, unknown (how long the verdicts take: parley_amd_decision_seconds).",
                 "cps",
-                (
-                    rate("parley_amd_total", "result"),
-                    Query(
-                        "histogram_quantile(0.95, sum by (le) "
-                        f"(rate(parley_amd_decision_seconds_bucket{{{ALL}}}[{RATE}])))",
-                        "decided after (p95, s)",
-                    ),
-                ),
+                (rate("parley_amd_total", "result"),),
                 width=6,
             ),
             Panel(
