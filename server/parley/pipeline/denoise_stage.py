@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Protocol
 
 from parley import metrics
@@ -27,7 +26,7 @@ from parley.engines.denoise import Denoiser, DenoiseStream
 from parley.engines.denoise_workers import DenoiseWorkers, LaneEnded
 from parley.log import CALL_ID
 from parley.pipeline.messages import InboundFrame
-from parley.pipeline.queues import QueueClosed, StageQueue
+from parley.pipeline.queues import QueueClosed, WorkerInbox
 
 log = logging.getLogger(__name__)
 
@@ -38,27 +37,13 @@ class CallerAudio(Protocol):
     def put(self, item: InboundFrame) -> bool: ...
 
 
-class DenoiseInbox(StageQueue[InboundFrame]):
+class DenoiseInbox(WorkerInbox[InboundFrame]):
     """The denoise stage's queue: wakes its worker for each frame put, and when it closes."""
 
     def __init__(self, maxsize: int = 0) -> None:
         super().__init__("denoise", maxsize=maxsize)
-        self.wake: Callable[[], None] = lambda: None
 
     def _added(self, item: InboundFrame, dropped: InboundFrame | None) -> None:
-        self.wake()
-
-    def take_all(self) -> list[InboundFrame]:
-        """Every frame waiting (maybe none); raises QueueClosed once closed."""
-        with self._cond:
-            if self._closed:
-                raise QueueClosed(self.stage)
-            items = list(self._items)
-            self._items.clear()
-            return items
-
-    def close(self) -> None:
-        super().close()
         self.wake()
 
 

@@ -133,3 +133,26 @@ class StageQueue(Generic[T]):
         """Whether an item waiting in the queue matches (a peek; nothing is taken)."""
         with self._cond:
             return any(predicate(item) for item in self._items)
+
+
+class WorkerInbox(StageQueue[T]):
+    """A stage queue read by a shared worker (a lane of the VAD or denoise worker), not by a thread of
+    its own: the worker takes everything waiting at once, and `wake` (set by the worker) tells it when
+    to look. A subclass decides in `_added` which puts are worth a wake; closing always is."""
+
+    def __init__(self, stage: str, maxsize: int = 0) -> None:
+        super().__init__(stage, maxsize=maxsize)
+        self.wake: Callable[[], None] = lambda: None
+
+    def take_all(self) -> list[T]:
+        """Everything waiting (maybe nothing); raises QueueClosed once closed."""
+        with self._cond:
+            if self._closed:
+                raise QueueClosed(self.stage)
+            items = list(self._items)
+            self._items.clear()
+            return items
+
+    def close(self) -> None:
+        super().close()
+        self.wake()

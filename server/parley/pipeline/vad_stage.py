@@ -22,7 +22,7 @@ from parley.engines.vad_batching import LaneEnded, VadWorker
 from parley.log import CALL_ID
 from parley.pipeline.keypad import KeypadEntry
 from parley.pipeline.messages import BargeVerdict, InboundFrame, KeypadDigit, TurnEndVerdict
-from parley.pipeline.queues import QueueClosed, StageQueue
+from parley.pipeline.queues import QueueClosed, WorkerInbox
 from parley.pipeline.turntaking import TurnTaker
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 VadItem = InboundFrame | KeypadDigit | BargeVerdict | TurnEndVerdict
 
 
-class VadInbox(StageQueue[VadItem]):
+class VadInbox(WorkerInbox[VadItem]):
     """The VAD stage's queue: wakes the VAD worker when a whole chunk's audio, or another item, waits.
 
     Frames of 20 ms make a 32 ms chunk every other frame or so; a frame that completes none is only
@@ -41,7 +41,6 @@ class VadInbox(StageQueue[VadItem]):
     def __init__(self, chunk_samples: int, maxsize: int = 0) -> None:
         super().__init__("vad", maxsize=maxsize)
         self.chunk_samples = chunk_samples
-        self.wake: Callable[[], None] = lambda: None
         self.received = 0  # samples of the frames put and not dropped
         self.consumed = 0
         self.last_put_at = time.monotonic()
@@ -58,19 +57,6 @@ class VadInbox(StageQueue[VadItem]):
         else:
             self.last_put_at = item.arrived_at if isinstance(item, KeypadDigit) else time.monotonic()
             self.wake()
-
-    def take_all(self) -> list[VadItem]:
-        """Everything waiting (maybe nothing); raises QueueClosed once closed."""
-        with self._cond:
-            if self._closed:
-                raise QueueClosed(self.stage)
-            items = list(self._items)
-            self._items.clear()
-            return items
-
-    def close(self) -> None:
-        super().close()
-        self.wake()
 
 
 class VadStage:
