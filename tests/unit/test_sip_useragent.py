@@ -111,6 +111,20 @@ async def test_options_gets_200_with_allow_listing_the_methods_we_take(start) ->
     assert f"received={LOCAL}" in via and f"rport={wire.port}" in via  # RFC 3581 4
 
 
+async def test_options_out_of_a_dialog_gets_503_while_draining_and_200_before(start) -> None:  # type: ignore[no-untyped-def]
+    # A proxy's health probe (Kamailio's dispatcher): a draining instance is taken out of its set.
+    agent = await start()
+    wire = await agent.wire()
+    d = agent.dialogue(wire)
+    wire.send(d.request("OPTIONS"))
+    await wire.response(200, method="OPTIONS", call_id=d.call_id)
+    agent.client.app[RUNTIME].drain()
+    probe = agent.dialogue(wire)
+    wire.send(probe.request("OPTIONS"))
+    refused = await wire.response(503, method="OPTIONS", call_id=probe.call_id)
+    assert refused.reason == "Draining" and set(refused.headers.get_all("Allow")) == ALLOWED
+
+
 # 2. a call, from INVITE to BYE
 
 

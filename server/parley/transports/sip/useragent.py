@@ -62,6 +62,9 @@ KNOWN_UNSUPPORTED = frozenset({"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "R
 DTMF_TYPES = ("application/dtmf-relay", "application/dtmf")
 TABLE_RETRY_AFTER = "10"  # seconds: transactions end within Timer J/H (32 s); most far sooner
 
+# The reason phrase of an OPTIONS probe answered 503, by why a call would be refused (Runtime).
+OPTIONS_REFUSING = {"draining": "Draining", "at capacity": "At Capacity", "shutting down": "Shutting Down"}
+
 
 class SipUserAgent:
     def __init__(self, runtime: Runtime) -> None:
@@ -385,6 +388,13 @@ class SipUserAgent:
             ("Accept", "application/sdp"),
             ("Contact", self.contact(source.transport, request.uri)),
         )
+        # Out of any dialog, OPTIONS is a proxy's health probe (Kamailio's dispatcher pings its
+        # destinations): an instance that would refuse a call now (draining, at capacity, loading) says
+        # so, and the proxy sends new calls elsewhere until it answers 200 again.
+        refusing = None if request.to_tag else self.runtime.not_ready_reason()
+        if refusing is not None:
+            tx.respond(503, OPTIONS_REFUSING.get(refusing, "Service Unavailable"), headers=headers)
+            return
         tx.respond(200, headers=headers)
 
     def _on_info(self, tx: ServerTransaction, request: SipRequest, source: Peer) -> None:
