@@ -1,0 +1,133 @@
+"""SIP through Kamailio (issue 46, item 1): two parley instances with the real models behind Debian's
+Kamailio running the deployed config (deploy/kamailio/kamailio.cfg, but for its addresses). Callers
+that dial Kamailio are spread over the instances by its dispatcher (round robin), each hears the answer
+to its own question, and the BYE follows the dialog's Record-Route to the instance that holds the call.
+SIPp's calls go through it too. Slow (two services and a proxy): `make test-all`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parley.bench.common import letters_alike
+from parley.bench.service import Service, metric_value
+from parley.bench.sip_caller import SipCaller
+from parley.bench.speech import espeak, trim
+from parley.engines.stt import SttEngine
+from tests.fleet.kamailio import Kamailio
+from tests.peers.sipp import run_sipp
+
+pytestmark = pytest.mark.slow
+
+THROUGH_PROXY = Path(__file__).parent / "scenarios" / "uac_through_proxy.xml"
+
+QUESTIONS = (  # a different reply for each caller: hearing another caller's would show
+    "what is the capital city of japan",
+    "how do i make a cup of tea",
+    "tell me something interesting about the moon",
+    "what should i cook for dinner tonight",
+)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Service], Kamailio]]:
+    folder = tmp_path_factory.mktemp("fleet")
+    services = [Service(log_path=folder / f"parley-{i}.log") for i in range(2)]
+    with ThreadPoolExecutor(len(services)) as pool:
+        list(pool.map(lambda s: s.start(), services))
+    proxy = Kamailio(folder, [s.sip_port for s in services]).start()
+    try:
+        yield services, proxy
+    finally:
+        proxy.stop()
+        codes = [s.stop() for s in services]
+        assert codes == [0, 0], codes
+
+
+def holder(services: list[Service], call_id: str) -> int | None:
+    """The instance whose live calls include this one. (Any instance answers `/api/calls/<id>` of an
+    ended call from the shared records, so only the live list says where a call is.)"""
+    for index, service in enumerate(services):
+        if any(call["id"] == call_id for call in service.get_json("/api/calls")):
+            return index
+    return None
+
+
+def ended(service: Service, call_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record: dict[str, Any] = service.get_json(f"/api/calls/{call_id}")
+        if record.get("state") == "ended" or time.monotonic() > deadline:
+            return record
+        time.sleep(0.2)
+
+
+async def test_calls_through_kamailio_are_spread_and_each_caller_hears_its_own_answer(
+    fleet: tuple[list[Service], Kamailio], whisper: SttEngine
+) -> None:
+    services, proxy = fleet
+
+    async def call(question: str) -> tuple[int | None, str, str]:
+        caller = SipCaller(services[0].base_url, f"sip:parley@127.0.0.1:{proxy.port}")
+        await caller.connect()
+        try:
+            index = await asyncio.to_thread(holder, services, caller.call_id)
+            greeting = await caller.wait_for_audio(after=0.0, timeout=30)
+            await caller.wait_for_silence(after=greeting, hold_s=0.8, timeout=30)
+            _, spoken_end = await caller.say(trim(espeak(question)))
+            start = await caller.wait_for_audio(after=spoken_end, timeout=30)
+            silent = await caller.wait_for_silence(after=start, hold_s=0.8, timeout=60)
+            audio = caller.audio_between(start - 0.2, silent + 0.2)
+            heard = (await asyncio.to_thread(whisper.transcribe, audio)).text.lower()
+        finally:
+            await caller.hangup()  # its BYE goes to Kamailio, which Record-Routed the dialog
+        return index, heard, caller.call_id
+
+    results = await asyncio.gather(*(call(question) for question in QUESTIONS))
+
+    assert sorted(index for index, *_ in results if index is not None) == [0, 0, 1, 1], results
+    replies = []
+    for index, _, call_id in results:
+        assert index is not None
+        record = await asyncio.to_thread(ended, services[index], call_id)
+        # Ended by the BYE that came through the proxy (a lost BYE would end it by the media timeout,
+        # as "rtp_timeout", much later).
+        assert record["state"] == "ended" and record["ended_reason"] == "hangup", record
+        replies.append(" ".join(t["agent"] for t in record["transcript"] if t["turn_id"] != "greeting"))
+    # Each caller heard the reply its own call's agent gave (whatever the model made of the question),
+    # and nobody else's.
+    for mine, (_, heard, _) in enumerate(results):
+        alike = [letters_alike(heard, reply) for reply in replies]
+        others = max(a for n, a in enumerate(alike) if n != mine)
+        assert alike[mine] > 0.6 and alike[mine] > others, (heard, replies)
+
+
+def test_sipp_calls_through_kamailio_reach_both_instances(fleet: tuple[list[Service], Kamailio]) -> None:
+    services, proxy = fleet
+    counted = [_calls_total(s) for s in services]
+    result = run_sipp(str(THROUGH_PROXY), f"127.0.0.1:{proxy.port}", calls=6, rate=3, limit=6, timeout_s=60)
+    assert result.ok, result.describe()
+    deadline = time.monotonic() + 20  # each instance counts a call once it has ended it, after the BYE
+    while True:
+        grown = [_calls_total(s) - c for s, c in zip(services, counted, strict=True)]
+        if sum(grown) >= 6 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    lines = [line for s in services for line in s.metrics_text().splitlines() if "calls_total" in line]
+    assert grown == [3, 3], (grown, lines)
+
+
+def _calls_total(service: Service) -> float:
+    """The calls the instance has ended over SIP so far (its metrics)."""
+    text = service.metrics_text()
+    return sum(
+        metric_value(text, "parley_calls_total", {"transport": "sip", "outcome": outcome})
+        for outcome in ("hangup", "rtp_timeout", "no_ack")
+    )
