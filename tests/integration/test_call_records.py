@@ -290,6 +290,42 @@ async def test_records_expire_and_a_crashed_instance_s_calls_are_closed(database
     assert {c["id"]: c["ended_reason"] for c in page} == {"c-lost": "lost", "c-recent": "hangup"}
 
 
+def test_the_calls_of_an_instance_gone_silent_are_closed_as_crashed_by_another(
+    database: tuple[str, Path],
+) -> None:
+    # pod-a was killed (SIGKILL: no shutdown ran) during two calls; pod-b, alive, notices it has not been
+    # heard from and closes them. A live instance's calls are left alone, and so are the ones that ended.
+    now = time.time()
+    dead, alive = (
+        RecordStore(open_db(database), instance="pod-a"),
+        RecordStore(open_db(database), instance="pod-b"),
+    )
+    other = RecordStore(open_db(database), instance="pod-c")
+    migrate(dead.db)
+    dead.heartbeat(now - 60)
+    other.heartbeat(now - 2)
+    _store_call(dead, "c-1", now - 120, None)
+    _store_call(dead, "c-2", now - 90, None)
+    _store_call(dead, "c-done", now - 300, now - 200)
+    _store_call(other, "c-live", now - 30, None)
+    try:
+        closed = alive.close_crashed(now, silent_s=15)
+        assert sorted(closed) == [("pod-a", "c-1"), ("pod-a", "c-2")]
+        assert alive.close_crashed(now, silent_s=15) == []  # once
+        records = {c: alive.get(c) for c in ("c-1", "c-2", "c-done", "c-live")}
+        assert {c: r["ended_reason"] if r else None for c, r in records.items()} == {
+            "c-1": "crashed",
+            "c-2": "crashed",
+            "c-done": "hangup",
+            "c-live": None,
+        }
+        other.leave()  # a clean stop: no longer watched
+        assert other.db.rows("SELECT instance FROM instances ORDER BY instance") == [("pod-a",)]
+    finally:
+        for store in (dead, alive, other):
+            store.db.close()
+
+
 def test_migrations_are_numbered_and_applied_once_by_many_instances(database: tuple[str, Path]) -> None:
     versions: list[int] = []
     errors: list[BaseException] = []

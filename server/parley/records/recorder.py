@@ -8,6 +8,7 @@ database falls behind, events are dropped and counted rather than piling up in m
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -28,7 +29,11 @@ log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 10_000  # events; at ~10 events per turn, minutes of every call's events
 PURGE_EVERY_S = 3600.0  # records past --retention-days go at start, then this often
-IDLE_WAKE_S = 60.0  # the writer wakes this often without writes, to purge on time
+IDLE_WAKE_S = 5.0  # the writer wakes this often without writes, to beat and purge on time
+# Each instance says it is alive this often; one silent for FLEET_SILENT_S (three beats missed: killed,
+# or its host gone) has its open calls closed as `crashed` by whichever instance notices first.
+FLEET_BEAT_S = 5.0
+FLEET_SILENT_S = 15.0
 RECONNECT_AFTER_S = 1.0
 STOP_TIMEOUT_S = 10.0
 
@@ -68,6 +73,7 @@ class CallRecords:
         self._reader: Reconnecting[RecordStore] = Reconnecting(self._store, _close_store)
         self._thread = threading.Thread(target=self._run, name="records-writer", daemon=True)
         self._next_purge = 0.0
+        self._next_beat = 0.0
         self._failures = 0
 
     # lifecycle (blocking: from asyncio, run them in a thread)
@@ -79,6 +85,7 @@ class CallRecords:
         lost = writer.close_lost()
         self._writer = writer
         self._purge_if_due()
+        self._watch_fleet_if_due()
         metrics.QUEUE_DEPTH.labels(stage="records").set_function(self._queue.qsize)
         self._thread.start()
         event(log, "records_open", database=writer.db.kind, schema=version, closed_lost=lost)
@@ -92,6 +99,8 @@ class CallRecords:
             self._queue.put(None)
             self._thread.join(STOP_TIMEOUT_S)
         if self._writer is not None:
+            with contextlib.suppress(DatabaseError):
+                self._writer.leave()
             self._writer.db.close()
         self._writer = None
         self._reader.close()
@@ -155,11 +164,13 @@ class CallRecords:
                 write = self._queue.get(timeout=IDLE_WAKE_S)
             except queue.Empty:
                 self._purge_if_due()
+                self._watch_fleet_if_due()
                 continue
             if write is None:
                 return
             self._write(write)
             self._purge_if_due()
+            self._watch_fleet_if_due()
 
     def _write(self, write: Write) -> None:
         try:
@@ -176,6 +187,22 @@ class CallRecords:
                 self._writer.db.close()
                 self._writer = None
             time.sleep(RECONNECT_AFTER_S)
+
+    def _watch_fleet_if_due(self) -> None:
+        """Say this instance is alive, and close the calls of instances that went silent."""
+        now = time.time()
+        if now < self._next_beat or self._writer is None:
+            return
+        self._next_beat = now + FLEET_BEAT_S
+        try:
+            self._writer.heartbeat(now)
+            crashed = self._writer.close_crashed(now, FLEET_SILENT_S)
+        except DatabaseError as exc:
+            event(log, "records_heartbeat_failed", logging.WARNING, error=str(exc))
+            return
+        for instance in sorted({instance for instance, _ in crashed}):
+            calls = [call_id for gone, call_id in crashed if gone == instance]
+            event(log, "calls_closed_crashed", logging.WARNING, instance=instance, calls=len(calls))
 
     def _purge_if_due(self) -> None:
         now = time.time()

@@ -91,6 +91,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE calls ADD COLUMN analysis TEXT",  # JSON: the post-call analysis
         ),
     ),
+    Migration(
+        4,
+        "the instances of a fleet and when each was last heard from (a silent one's calls are crashed)",
+        (
+            """CREATE TABLE instances (
+                instance TEXT PRIMARY KEY,
+                seen_at DOUBLE PRECISION NOT NULL
+            )""",
+        ),
+    ),
 )
 
 

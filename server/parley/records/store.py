@@ -107,6 +107,36 @@ class RecordStore:
                 )
         return len(rows)
 
+    def heartbeat(self, now: float) -> None:
+        """This instance is alive: the others read it before closing its calls."""
+        self.db.execute(
+            "INSERT INTO instances (instance, seen_at) VALUES (?, ?) "
+            "ON CONFLICT (instance) DO UPDATE SET seen_at = excluded.seen_at",
+            (self.instance, now),
+        )
+
+    def leave(self) -> None:
+        """This instance stops cleanly (its calls have ended): nobody needs to watch it."""
+        self.db.execute("DELETE FROM instances WHERE instance = ?", (self.instance,))
+
+    def close_crashed(self, now: float, silent_s: float) -> list[tuple[str, str]]:
+        """Calls of other instances that have not been heard from for `silent_s` (killed, or their host
+        gone): ended at their last event with outcome `crashed`. Returns (instance, call id) of each."""
+        rows = self.db.rows(
+            "SELECT c.instance, c.call_id FROM calls c JOIN instances i ON i.instance = c.instance "
+            "WHERE c.ended_at IS NULL AND c.instance <> ? AND i.seen_at < ?",
+            (self.instance, now - silent_s),
+        )
+        if rows:
+            with self.db.transaction():
+                for _, call_id in rows:
+                    self.db.execute(
+                        "UPDATE calls SET ended_at = last_event_at, outcome = 'crashed' "
+                        "WHERE call_id = ? AND ended_at IS NULL",
+                        (call_id,),
+                    )
+        return [(str(instance), str(call_id)) for instance, call_id in rows]
+
     def purge(self, before: float) -> int:
         """Delete the records of calls that ended (or, never ended, last heard of) before `before`."""
         old = "SELECT call_id FROM calls WHERE COALESCE(ended_at, last_event_at) < ?"
