@@ -6,10 +6,11 @@
 #   sip-tester            SIPp, the SIP load and conformance tester
 #   prometheus            a real Prometheus (and promtool) for the dashboard and alert tests
 #   postgresql            a throw-away PostgreSQL cluster for the call-records tests (initdb, pg_ctl)
-#   kamailio              checks the SIP dispatcher config in deploy/kamailio (kamailio -c)
+#   kamailio              the SIP dispatcher of deploy/kamailio, in front of instances in tests/fleet
+#   haproxy               the HTTP proxy of deploy/haproxy, in front of instances in tests/fleet
 #   g++, cmake            build llama.cpp (llama-cpp-python ships no wheel), the CPU's LLM runtime
 set -euo pipefail
-packages=(espeak-ng sox chromium chromium-driver libsndfile1 baresip-core sip-tester prometheus postgresql kamailio g++ cmake)
+packages=(espeak-ng sox chromium chromium-driver libsndfile1 baresip-core sip-tester prometheus postgresql kamailio haproxy g++ cmake)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

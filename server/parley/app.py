@@ -75,17 +75,24 @@ async def end_call(request: web.Request) -> web.Response:
 
 
 async def list_calls(request: web.Request) -> web.Response:
-    """Active calls (a list); with `?state=ended`, a page of stored records: `{"calls", "next"}`, where
-    `next` is the `cursor` of the following page (`&limit=` up to 200, default 50)."""
+    """Active calls (a list); with `?fleet=1`, those of every instance sharing the records database (from
+    the records: each with its `instance`); with `?state=ended`, a page of stored records: `{"calls",
+    "next"}`, where `next` is the `cursor` of the following page (`&limit=` up to 200, default 50)."""
     authorise(request)
     state = request.query.get("state", "active")
-    if state == "active":
+    fleet = request.query.get("fleet") in ("1", "true")
+    if state == "active" and not fleet:
         return web.json_response([call.summary() for call in request.app[REGISTRY].active()])
-    if state != "ended":
+    if state not in ("active", "ended"):
         raise ApiError(400, "state must be active or ended")
     records = request.app[RUNTIME].records
     if records is None:
         raise ApiError(409, "call records are off (--database off)")
+    if state == "active":
+        try:
+            return web.json_response(await asyncio.to_thread(records.list_live))
+        except DatabaseError as exc:
+            raise ApiError(503, f"call records unavailable: {exc}") from exc
     try:
         limit = int(request.query.get("limit", "50"))
     except ValueError as exc:

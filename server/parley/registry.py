@@ -42,8 +42,10 @@ class _Entry:
 
 
 class CallRegistry:
-    def __init__(self, max_calls: int) -> None:
+    def __init__(self, max_calls: int, instance_tag: str = "") -> None:
         self.max_calls = max_calls
+        # In every call id: a proxy in front of a fleet sends a call's requests to its instance by it.
+        self._id_prefix = f"c-{instance_tag}-" if instance_tag else "c-"
         self._active: dict[str, _Entry] = {}
         self._ended: OrderedDict[str, Call] = OrderedDict()
         self._ending: dict[str, asyncio.Task[None]] = {}
@@ -54,9 +56,8 @@ class CallRegistry:
         self.observers: list[CallObserver] = []  # call records, call events
         self.stuck: list[tuple[str, StageRunner]] = []  # stage threads that did not stop with their call
 
-    @staticmethod
-    def new_call_id() -> str:
-        return "c-" + secrets.token_hex(6)
+    def new_call_id(self) -> str:
+        return self._id_prefix + secrets.token_hex(6)
 
     def at_capacity(self) -> bool:
         return self.closing or len(self._active) + self._admitting >= self.max_calls

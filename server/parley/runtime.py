@@ -56,7 +56,7 @@ class UnknownAgent(LookupError):
 class Runtime:
     def __init__(self, settings: Settings, engines: Engines | None = None) -> None:
         self.settings = settings
-        self.registry = CallRegistry(settings.max_calls)
+        self.registry = CallRegistry(settings.max_calls, settings.instance_tag)
         self.engines = engines
         self.load_error: str | None = None
         self._owns_engines = engines is None

@@ -15,6 +15,13 @@ class ServiceSettings:
     host: str = field(default="127.0.0.1", metadata=_opt("address the HTTP server binds to"))
     port: int = field(default=8080, metadata=_opt("HTTP port"))
     max_calls: int = field(default=16, metadata=_opt("calls accepted at once; beyond it 503 + Retry-After"))
+    instance_tag: str = field(
+        default="",
+        metadata=_opt(
+            "this instance's name in its call ids (c-TAG-...), for a proxy in front of a fleet to send a "
+            "call's requests to the instance that holds it (1-16 lowercase letters and digits; '' = none)"
+        ),
+    )
     max_body_bytes: int = field(default=65536, metadata=_opt("largest accepted signaling body (bytes)"))
     web_dir: str = field(default="", metadata=_opt("folder served at / (default: the repository's web/)"))
     log_level: str = field(default="info", metadata=_opt("debug, info, warning, error"))

@@ -9,6 +9,7 @@ import argparse
 import ipaddress
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import fields
@@ -195,6 +196,7 @@ def load_settings(
 
 
 LLM_RUNTIMES = ("auto", "ctranslate2", "llamacpp", "transformers")
+INSTANCE_TAG = re.compile(r"[a-z0-9]{1,16}")
 
 
 def validate(settings: Settings) -> None:
@@ -214,6 +216,10 @@ def validate(settings: Settings) -> None:
     rtp_port_range(settings.rtp_ports)
     if settings.max_calls < 1:
         raise SettingsError("max_calls must be at least 1")
+    if settings.instance_tag and not INSTANCE_TAG.fullmatch(settings.instance_tag):
+        raise SettingsError(
+            f"instance_tag must be 1-16 lowercase letters and digits, not {settings.instance_tag!r}"
+        )
     if settings.llm_threads < 0:
         raise SettingsError("llm_threads must be 0 (every core, one while Whisper or Piper computes) or more")
     if (

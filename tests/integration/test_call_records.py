@@ -319,6 +319,8 @@ def test_the_calls_of_an_instance_gone_silent_are_closed_as_crashed_by_another(
             "c-done": "hangup",
             "c-live": None,
         }
+        # The fleet's live calls: those of instances heard from lately (pod-c's), none of the dead one's.
+        assert [c["id"] for c in alive.list_live(now, silent_s=15)] == ["c-live"]
         other.leave()  # a clean stop: no longer watched
         assert other.db.rows("SELECT instance FROM instances ORDER BY instance") == [("pod-a",)]
     finally:

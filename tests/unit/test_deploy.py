@@ -189,6 +189,19 @@ def test_the_kamailio_dispatcher_config_passes_kamailio_s_check() -> None:
     assert "ds_select_dst" in (DEPLOY / "kamailio" / "kamailio.cfg").read_text()
 
 
+def test_the_haproxy_config_passes_haproxy_s_check_and_routes_each_instance_s_calls_to_it() -> None:
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not Path(haproxy).exists():
+        pytest.skip("Debian's haproxy is not installed")
+    config = DEPLOY / "haproxy" / "haproxy.cfg"
+    result = subprocess.run([haproxy, "-c", "-f", str(config)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = config.read_text()
+    servers = {line.split()[1] for line in text.splitlines() if line.strip().startswith("server ")}
+    routed = {line.split()[1] for line in text.splitlines() if line.strip().startswith("use-server ")}
+    assert servers == routed == {"p1", "p2"}  # every instance's calls have their route
+
+
 def test_the_dockerfile_builds_a_non_root_image_with_models_and_a_healthcheck() -> None:
     from dockerfile_parse import DockerfileParser
 

@@ -138,6 +138,10 @@ class CallRecords:
     def list_ended(self, limit: int, cursor: str = "") -> tuple[list[dict[str, Any]], str | None]:
         return self._read(lambda store: store.list_ended(limit, cursor))
 
+    def list_live(self) -> list[dict[str, Any]]:
+        """Every live instance's calls in progress, as the records have them."""
+        return self._read(lambda store: store.list_live(time.time(), FLEET_SILENT_S))
+
     def get(self, call_id: str) -> dict[str, Any] | None:
         return self._read(lambda store: store.get(call_id))
 

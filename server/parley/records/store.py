@@ -244,6 +244,17 @@ class RecordStore:
 
     # reading (any thread, with its own Database)
 
+    def list_live(self, now: float, silent_s: float, limit: int = MAX_PAGE) -> list[dict[str, Any]]:
+        """The calls in progress on every instance heard from within `silent_s` (a fleet's live calls),
+        newest first."""
+        rows = self.db.rows(
+            f"SELECT {_SUMMARY} FROM calls WHERE ended_at IS NULL AND instance IN "
+            "(SELECT instance FROM instances WHERE seen_at >= ?) "
+            "ORDER BY started_at DESC, call_id DESC LIMIT ?",
+            (now - silent_s, limit),
+        )
+        return [_summary(row) for row in rows]
+
     def list_ended(self, limit: int = 50, cursor: str = "") -> tuple[list[dict[str, Any]], str | None]:
         """One page of ended calls, newest first, and the cursor of the next page (None: no more)."""
         limit = max(1, min(limit, MAX_PAGE))
