@@ -1,5 +1,5 @@
 """One instance killed under calls (issue 46, item 3): two instances with the real models behind
-Kamailio share one records database; one is killed with SIGKILL while it holds a call. The survivor
+Kamailio share one PostgreSQL records database; one is killed with SIGKILL while it holds a call. The survivor
 closes that call's record as `crashed` (the records table says so, not the dead process), and new calls
 keep coming in through Kamailio: first after its 4 s failover to the next instance, then at once, once
 its OPTIONS probing has taken the dead one out. Slow (two services and a proxy): `make test-all`.
@@ -10,15 +10,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from parley.bench.service import Service
 from parley.bench.sip_caller import SipCaller
+from tests.fleet.conftest import instances
 from tests.fleet.kamailio import Kamailio
 from tests.fleet.test_sip_through_kamailio import holder
+from tests.postgres import PostgresCluster
 
 pytestmark = pytest.mark.slow
 
@@ -27,18 +28,15 @@ NEW_CALLS_S = 35.0  # new calls are placed this long after the kill, one a secon
 
 
 @pytest.fixture
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Service], Kamailio]]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, cluster: PostgresCluster
+) -> Iterator[tuple[list[Service], Kamailio]]:
     folder = tmp_path_factory.mktemp("crash")
-    services = [Service(log_path=folder / f"parley-{i}.log") for i in range(2)]
-    with ThreadPoolExecutor(len(services)) as pool:
-        list(pool.map(lambda s: s.start(), services))
-    proxy = Kamailio(folder, [s.sip_port for s in services]).start()
-    try:
+    with (
+        instances(folder, cluster.new_database()) as services,
+        Kamailio(folder, [s.sip_port for s in services]) as proxy,
+    ):
         yield services, proxy
-    finally:
-        proxy.stop()
-        for service in services:
-            service.stop()
 
 
 def record(service: Service, call_id: str) -> dict[str, Any]:

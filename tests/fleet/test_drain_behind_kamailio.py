@@ -10,32 +10,30 @@ import asyncio
 import json
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from parley.bench.service import Service
 from parley.bench.sip_caller import SipCaller
 from parley.bench.speech import espeak, trim
+from tests.fleet.conftest import instances
 from tests.fleet.kamailio import Kamailio
 from tests.fleet.test_sip_through_kamailio import holder
+from tests.postgres import PostgresCluster
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Service], Kamailio]]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, cluster: PostgresCluster
+) -> Iterator[tuple[list[Service], Kamailio]]:
     folder = tmp_path_factory.mktemp("drain")
-    services = [Service(log_path=folder / f"parley-{i}.log") for i in range(2)]
-    with ThreadPoolExecutor(len(services)) as pool:
-        list(pool.map(lambda s: s.start(), services))
-    proxy = Kamailio(folder, [s.sip_port for s in services]).start()
-    try:
+    with (
+        instances(folder, cluster.new_database()) as services,
+        Kamailio(folder, [s.sip_port for s in services]) as proxy,
+    ):
         yield services, proxy
-    finally:
-        proxy.stop()
-        for service in services:
-            service.stop()
 
 
 def drain(service: Service) -> dict[str, object]:

@@ -11,7 +11,6 @@ whichever instance the webhook and the stream reach (one `--stream-secret`); and
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import pytest
@@ -19,7 +18,9 @@ import pytest
 from parley.bench.caller import Caller
 from parley.bench.carrier import CarrierCaller
 from parley.bench.service import Service
+from tests.fleet.conftest import instances
 from tests.fleet.haproxy import HAProxy
+from tests.postgres import PostgresCluster
 
 pytestmark = pytest.mark.slow
 
@@ -27,25 +28,18 @@ TAGS = ("p1", "p2")
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Service], HAProxy]]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, cluster: PostgresCluster
+) -> Iterator[tuple[list[Service], HAProxy]]:
     folder = tmp_path_factory.mktemp("http-fleet")
-    services = [
-        Service(
-            ["--instance-tag", tag, "--trusted-proxies", "127.0.0.1"],
-            env={"PARLEY_STREAM_SECRET": "one-secret-for-the-fleet"},
-            log_path=folder / f"parley-{tag}.log",
-        )
-        for tag in TAGS
-    ]
-    with ThreadPoolExecutor(len(services)) as pool:
-        list(pool.map(lambda s: s.start(), services))
-    proxy = HAProxy(folder, [s.port for s in services]).start()
-    try:
+    tagged = [["--instance-tag", tag, "--trusted-proxies", "127.0.0.1"] for tag in TAGS]
+    secret = {"PARLEY_STREAM_SECRET": "one-secret-for-the-fleet"}
+    with (
+        instances(folder, cluster.new_database(), tagged, secret) as services,
+        HAProxy(folder, [s.port for s in services]) as proxy,
+    ):
         yield services, proxy
-    finally:
-        proxy.stop()
-        codes = [s.stop() for s in services]
-        assert codes == [0, 0], codes
+    assert [s.process.returncode for s in services if s.process] == [0, 0]
 
 
 @pytest.fixture

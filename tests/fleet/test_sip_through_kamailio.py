@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,10 @@ from parley.bench.service import Service, metric_value
 from parley.bench.sip_caller import SipCaller
 from parley.bench.speech import espeak, trim
 from parley.engines.stt import SttEngine
+from tests.fleet.conftest import instances
 from tests.fleet.kamailio import Kamailio
 from tests.peers.sipp import run_sipp
+from tests.postgres import PostgresCluster
 
 pytestmark = pytest.mark.slow
 
@@ -37,18 +38,16 @@ QUESTIONS = (  # a different reply for each caller: hearing another caller's wou
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Service], Kamailio]]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, cluster: PostgresCluster
+) -> Iterator[tuple[list[Service], Kamailio]]:
     folder = tmp_path_factory.mktemp("fleet")
-    services = [Service(log_path=folder / f"parley-{i}.log") for i in range(2)]
-    with ThreadPoolExecutor(len(services)) as pool:
-        list(pool.map(lambda s: s.start(), services))
-    proxy = Kamailio(folder, [s.sip_port for s in services]).start()
-    try:
+    with (
+        instances(folder, cluster.new_database()) as services,
+        Kamailio(folder, [s.sip_port for s in services]) as proxy,
+    ):
         yield services, proxy
-    finally:
-        proxy.stop()
-        codes = [s.stop() for s in services]
-        assert codes == [0, 0], codes
+    assert [s.process.returncode for s in services if s.process] == [0, 0]
 
 
 def holder(services: list[Service], call_id: str) -> int | None:
@@ -83,7 +82,7 @@ async def test_calls_through_kamailio_are_spread_and_each_caller_hears_its_own_a
             await caller.wait_for_silence(after=greeting, hold_s=0.8, timeout=30)
             _, spoken_end = await caller.say(trim(espeak(question)))
             start = await caller.wait_for_audio(after=spoken_end, timeout=30)
-            silent = await caller.wait_for_silence(after=start, hold_s=0.8, timeout=60)
+            silent = await caller.wait_for_silence(after=start, hold_s=1.5, timeout=60)
             audio = caller.audio_between(start - 0.2, silent + 0.2)
             heard = (await asyncio.to_thread(whisper.transcribe, audio)).text.lower()
         finally:
@@ -106,7 +105,9 @@ async def test_calls_through_kamailio_are_spread_and_each_caller_hears_its_own_a
     for mine, (_, heard, _) in enumerate(results):
         alike = [letters_alike(heard, reply) for reply in replies]
         others = max(a for n, a in enumerate(alike) if n != mine)
-        assert alike[mine] > 0.6 and alike[mine] > others, (heard, replies)
+        # (What the caller transcribes may be the reply's start alone: four calls at once on two cores
+        # can leave a pause inside a reply longer than the silence that ends the recording.)
+        assert alike[mine] >= 0.5 and alike[mine] >= others + 0.2, (heard, replies, alike)
 
 
 def test_sipp_calls_through_kamailio_reach_both_instances(fleet: tuple[list[Service], Kamailio]) -> None:
