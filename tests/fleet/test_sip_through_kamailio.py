@@ -1,7 +1,8 @@
 """SIP through Kamailio (issue 46, item 1): two parley instances with the real models behind Debian's
 Kamailio running the deployed config (deploy/kamailio/kamailio.cfg, but for its addresses). Callers
 that dial Kamailio are spread over the instances by its dispatcher (round robin), each hears the answer
-to its own question, and the BYE follows the dialog's Record-Route to the instance that holds the call.
+to its own question, and the requests of a dialog (a BYE, an INFO carrying a key) follow its
+Record-Route to the instance that holds the call.
 SIPp's calls go through it too. Slow (two services and a proxy): `make test-all`.
 """
 
@@ -108,6 +109,33 @@ async def test_calls_through_kamailio_are_spread_and_each_caller_hears_its_own_a
         # (What the caller transcribes may be the reply's start alone: four calls at once on two cores
         # can leave a pause inside a reply longer than the silence that ends the recording.)
         assert alike[mine] >= 0.5 and alike[mine] >= others + 0.2, (heard, replies, alike)
+
+
+async def test_an_info_in_the_dialog_reaches_the_instance_of_the_call(
+    fleet: tuple[list[Service], Kamailio],
+) -> None:
+    # A key pressed as SIP INFO (application/dtmf-relay) goes where the BYE goes: along the route set
+    # Kamailio recorded, to the instance that holds the call, and to no other.
+    services, proxy = fleet
+    caller = SipCaller(services[0].base_url, f"sip:parley@127.0.0.1:{proxy.port}")
+    await caller.connect()
+    try:
+        index = await asyncio.to_thread(holder, services, caller.call_id)
+        assert index is not None and caller.dialog is not None
+        before = [_digits(s) for s in services]
+        info = caller.dialog.request(
+            "INFO", body=b"Signal=5\r\nDuration=160\r\n", content_type="application/dtmf-relay"
+        )
+        answer = await caller.layer.request(info, caller.dialog.next_hop())
+        assert answer.status == 200, answer.status
+        grown = [_digits(s) - b for s, b in zip(services, before, strict=True)]
+        assert grown[index] == 1 and grown[1 - index] == 0, grown
+    finally:
+        await caller.hangup()
+
+
+def _digits(service: Service) -> float:
+    return metric_value(service.metrics_text(), "parley_dtmf_digits_total", {"transport": "sip"})
 
 
 def test_sipp_calls_through_kamailio_reach_both_instances(fleet: tuple[list[Service], Kamailio]) -> None:
