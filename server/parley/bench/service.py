@@ -44,10 +44,16 @@ def add_service_arguments(parser: argparse.ArgumentParser) -> None:
 
 class Service:
     def __init__(
-        self, args: Sequence[str] = (), *, env: dict[str, str] | None = None, log_path: Path | None = None
+        self,
+        args: Sequence[str] = (),
+        *,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        ports: tuple[int, int] | None = None,
     ):
-        self.port = free_port()
-        self.sip_port = free_port()
+        """`ports`: (HTTP, SIP) to serve on, as an instance replacing one that stopped does (default: free
+        ones)."""
+        self.port, self.sip_port = ports or (free_port(), free_port())
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.sip_uri = f"sip:parley@127.0.0.1:{self.sip_port}"
         self.args = [
