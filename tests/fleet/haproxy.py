@@ -11,8 +11,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
+from tests.fleet.daemon import Daemon
 from tests.peers import free_port
 
 DEPLOYED = Path(__file__).parents[2] / "deploy" / "haproxy" / "haproxy.cfg"
@@ -20,7 +20,7 @@ SERVERS = ("10.0.0.5:8080", "10.0.0.6:8080")  # the deployed file's two instance
 BIND = "bind 0.0.0.0:8080"
 
 
-class HAProxy:
+class HAProxy(Daemon):
     def __init__(self, folder: Path, instance_ports: list[int]) -> None:
         assert len(instance_ports) == len(SERVERS)
         self.port = free_port(udp=False, tcp=True)
@@ -33,7 +33,6 @@ class HAProxy:
         for server, port in zip(SERVERS, instance_ports, strict=True):
             text = text.replace(server, f"127.0.0.1:{port}")
         self.config.write_text(text)
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 15.0) -> HAProxy:
         with open(self.log, "wb") as log:
@@ -51,20 +50,3 @@ class HAProxy:
                 time.sleep(0.1)
         self.stop()
         raise TimeoutError(f"haproxy did not listen:\n{self.log.read_text()}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def __enter__(self) -> HAProxy:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

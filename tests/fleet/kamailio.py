@@ -14,15 +14,15 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from types import TracebackType
 
+from tests.fleet.daemon import Daemon
 from tests.peers import free_port
 
 DEPLOYED = Path(__file__).parents[2] / "deploy" / "kamailio" / "kamailio.cfg"
 LISTEN = re.compile(r"^listen=(udp|tcp):0\.0\.0\.0:5060$", re.MULTILINE)
 
 
-class Kamailio:
+class Kamailio(Daemon):
     def __init__(self, folder: Path, instance_ports: list[int]) -> None:
         self.folder = folder
         self.port = free_port(udp=True, tcp=True)
@@ -35,7 +35,6 @@ class Kamailio:
         assert count == 2, "deploy/kamailio/kamailio.cfg no longer listens on udp and tcp 0.0.0.0:5060"
         self.config.write_text(text)
         self.dispatcher.write_text("".join(f"1 sip:127.0.0.1:{port} 0 0\n" for port in instance_ports))
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 20.0) -> Kamailio:
         runtime = self.folder / "run"
@@ -96,20 +95,3 @@ class Kamailio:
             except OSError:
                 return False
         return data.startswith(b"SIP/2.0 200")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def __enter__(self) -> Kamailio:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
