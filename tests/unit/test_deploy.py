@@ -3,6 +3,7 @@ committed dashboard is what its generator makes, and Grafana's provisioning poin
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -14,6 +15,7 @@ from types import ModuleType
 import pytest
 import yaml
 
+from parley.config import Settings
 from tests.prometheus import DASHBOARD, binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -157,7 +159,12 @@ def test_the_kubernetes_pieces_fit_together() -> None:
         pod = deployment["spec"]["template"]["spec"]
         container = pod["containers"][0]
         assert pod["securityContext"]["runAsNonRoot"] and pod["terminationGracePeriodSeconds"] >= 600
-        assert container["lifecycle"]["preStop"]["exec"]["command"][:2] == ["parley", "drain"]
+        drain = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert drain[:2] == ["parley", "drain"]
+        # No call is cut by a pod's removal: the drain outwaits the longest call, the grace the drain.
+        max_call_s = next(f.default for f in dataclasses.fields(Settings) if f.name == "max_call_s")
+        waits = float(drain[drain.index("--wait-s") + 1])
+        assert max_call_s < waits < pod["terminationGracePeriodSeconds"], (max_call_s, waits)
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     gpu = yaml.safe_load((DEPLOY / "k8s" / "deployment-gpu.yaml").read_text())["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in gpu["containers"][0]["env"]}
