@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from parley.bench.service import free_port
+from tests.daemon import Daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
@@ -29,7 +30,7 @@ def binary(name: str) -> str:
     return found
 
 
-class Prometheus:
+class Prometheus(Daemon):
     def __init__(self, folder: Path, targets: list[str], interval_s: int = 1) -> None:
         self.folder = folder
         self.port = free_port()
@@ -41,7 +42,6 @@ class Prometheus:
         }
         self.config = folder / "prometheus.yml"
         self.config.write_text(json.dumps(config))  # YAML is a superset of JSON
-        self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> Prometheus:
@@ -88,13 +88,7 @@ class Prometheus:
         return list(data["result"])
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        super().stop()
         if self._log is not None:
             self._log.close()
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.fleet.daemon import Daemon
+from tests.daemon import Daemon
 from tests.peers import free_port
 
 DEPLOYED = Path(__file__).parents[2] / "deploy" / "haproxy" / "haproxy.cfg"

@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.fleet.daemon import Daemon
+from tests.daemon import Daemon
 from tests.peers import free_port
 
 DEPLOYED = Path(__file__).parents[2] / "deploy" / "kamailio" / "kamailio.cfg"

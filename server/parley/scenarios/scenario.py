@@ -5,6 +5,7 @@ Written as TOML (docs/scenarios.md); scenario_file.py reads and checks a file in
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -14,6 +15,29 @@ When = Literal["after_reply", "during_reply", "at_once"]
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be run: the message names the file and the key."""
+
+
+_MARKER = re.compile(r"\[([^\[\]]*)\]")
+_PAUSE = re.compile(r"pause\s+(\d+(?:\.\d+)?)\s*(ms|s)", re.IGNORECASE)
+
+
+def spoken_parts(say: str) -> list[str | float]:
+    """A turn's `say` cut at its pause markers: the stretches of text, and between them each pause in
+    ms ("[pause 900ms]", "[pause 1.2s]"). ScenarioError (without the file's name) for any other bracket."""
+    parts: list[str | float] = []
+    at = 0
+    for marker in _MARKER.finditer(say):
+        pause = _PAUSE.fullmatch(marker.group(1).strip())
+        if pause is None:
+            raise ScenarioError(f"{marker.group(0)!r} is not a pause (write [pause 900ms] or [pause 1.2s])")
+        value, unit = float(pause.group(1)), pause.group(2).lower()
+        # Rounded: 0.7 s is 700.0000000000001 ms in floating point, and a length a hair short loses a sample.
+        parts += [say[at : marker.start()], round(value * 1000 if unit == "s" else value, 6)]
+        at = marker.end()
+    parts.append(say[at:])
+    if any(isinstance(part, str) and ("[" in part or "]" in part) for part in parts):
+        raise ScenarioError("a [ or ] outside a whole [pause ...] marker")
+    return parts
 
 
 @dataclass(frozen=True)

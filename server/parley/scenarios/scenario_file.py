@@ -34,6 +34,7 @@ from parley.scenarios.scenario import (
     TurnExpectation,
     Voice,
     When,
+    spoken_parts,
 )
 
 SCHEMA_FILE = "scenario.schema.json"  # beside this module, in the package
@@ -44,8 +45,6 @@ _CODECS = {"webrtc": ("opus",), "sip": ("PCMU", "PCMA"), "carrier": ("mulaw",)}
 _WAV_FORMATS = ("WAV", "WAVEX")  # soundfile's names for RIFF WAV, plain and extensible
 # The text of `say` as the caller's voice reads it (voices.py): any bracketed stretch is a marker, and
 # the only marker is a pause ("[pause 900ms]", "[pause 1.2s]"); a stray bracket is a mistake.
-_MARKER = re.compile(r"\[([^\[\]]*)\]")
-_PAUSE = re.compile(r"pause\s+(\d+(?:\.\d+)?)\s*(ms|s)", re.IGNORECASE)
 # during_reply without after_s: one second into the reply, when the agent is well into its first words.
 DURING_REPLY_AFTER_S = 1.0
 _TOML_AT = re.compile(r"(?P<what>.*) \(at line (?P<line>[0-9]+), column (?P<column>[0-9]+)\)", re.DOTALL)
@@ -328,13 +327,11 @@ class _Reader:
         return when, float(raw["after_s"])
 
     def check_pauses(self, say: str, where: str) -> None:
-        for marker in _MARKER.finditer(say):
-            if not _PAUSE.fullmatch(marker[1].strip()):
-                raise self.fail(where, f"{marker[0]!r} is not a pause (write [pause 900ms] or [pause 1.2s])")
-        words = _MARKER.sub(" ", say)
-        if "[" in words or "]" in words:
-            raise self.fail(where, "a [ or ] outside a whole [pause ...] marker")
-        if not re.search(r"\w", words):
+        try:
+            parts = spoken_parts(say)
+        except ScenarioError as exc:
+            raise self.fail(where, str(exc)) from None
+        if not any(isinstance(part, str) and re.search(r"\w", part) for part in parts):
             raise self.fail(where, "no words to speak besides pauses (for a quiet caller give silence_s)")
 
     def turn_expectation(

@@ -9,7 +9,6 @@ Piper speaks with its prosody noise off (speech.piper's `steady`), so a turn sou
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 
@@ -19,11 +18,9 @@ import soxr
 
 from parley.audio import PIPELINE_RATE
 from parley.bench.speech import espeak, piper, silence_ms, trim
-from parley.scenarios.scenario import ScenarioError, Turn, Voice
+from parley.scenarios.scenario import ScenarioError, Turn, Voice, spoken_parts
 
 # Any bracketed stretch is a marker: "[laughs]" read aloud as text would be a scenario's bug, not speech.
-_MARKER = re.compile(r"\[([^\[\]]*)\]")
-_PAUSE = re.compile(r"pause\s+(\d+(?:\.\d+)?)\s*(ms|s)", re.IGNORECASE)
 
 # Synthesis takes a good part of a second per phrase (Piper) and a suite repeats its callers' phrases.
 _spoken: dict[tuple[str, str, str], np.ndarray] = {}
@@ -60,24 +57,10 @@ def _said(text: str, voice: Voice) -> np.ndarray:
 
 
 def _parts(text: str) -> list[str | float]:
-    """`text` cut at its pause markers: the stretches of text, and between them each pause in ms."""
-    parts: list[str | float] = []
-    at = 0
-    for marker in _MARKER.finditer(text):
-        pause = _PAUSE.fullmatch(marker.group(1).strip())
-        if pause is None:
-            raise ScenarioError(
-                f"say {text!r}: {marker.group(0)!r} is not a pause (write [pause 900ms] or [pause 1.2s])"
-            )
-        value, unit = float(pause.group(1)), pause.group(2).lower()
-        # Rounded: 0.7 s is 700.0000000000001 ms in floating point, and a length a hair short loses a sample.
-        parts += [text[at : marker.start()], round(value * 1000 if unit == "s" else value, 6)]
-        at = marker.end()
-    parts.append(text[at:])
-    for part in parts:
-        if isinstance(part, str) and ("[" in part or "]" in part):
-            raise ScenarioError(f"say {text!r}: a [ or ] outside a whole [pause ...] marker")
-    return parts
+    try:
+        return spoken_parts(text)
+    except ScenarioError as exc:
+        raise ScenarioError(f"say {text!r}: {exc}") from None
 
 
 def _speak(text: str, voice: Voice) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""What the fleet's proxies share as processes the tests start: stopped with SIGTERM (then SIGKILL), and
-used as context managers that start them."""
+"""What the peers the tests start as processes (Prometheus, the fleet's proxies) share: stopped with
+SIGTERM (then SIGKILL), and used as context managers that start them."""
 
 from __future__ import annotations
 
