@@ -18,10 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from parley.agent.signing import HEADER, verify
 from parley.app import RUNTIME
 from parley.audio import PIPELINE_RATE, resample, rms_dbfs
 from parley.bench.service import Service
@@ -29,6 +26,7 @@ from parley.bench.speech import espeak, piper, trim
 from parley.engines.stt import SttEngine
 from tests.doubles import ScriptedStt, make_engines
 from tests.peers.baresip import Baresip, write_source_wav
+from tests.signed_events import SignedEvents
 from tests.sip_app import SipApp, eventually
 
 SECRET = "amd-secret"
@@ -50,35 +48,12 @@ SILENT_DBFS = -55.0  # what the phone hears of the agent saying nothing (u-law's
 VOICE_DBFS = -40.0  # ... and of the agent talking
 
 
-class Backend:
-    """The team's events receiver: signed events only."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.server: TestServer | None = None
-
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_post("/events", self.event)
-        self.server = TestServer(app, host="127.0.0.1")
-        await self.server.start_server()
-        return f"http://127.0.0.1:{self.server.port}/events"
-
-    async def event(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        if not verify(request.headers.get(HEADER, ""), body, SECRET):
-            return web.json_response({"error": "bad signature"}, status=401)
-        self.events.append(json.loads(body))
-        return web.json_response({})
-
-
 @pytest.fixture
-async def backend() -> AsyncIterator[tuple[Backend, str]]:
-    receiver = Backend()
+async def backend() -> AsyncIterator[tuple[SignedEvents, str]]:
+    receiver = SignedEvents(SECRET)
     url = await receiver.start()
     yield receiver, url
-    assert receiver.server is not None
-    await receiver.server.close()
+    await receiver.close()
 
 
 def beep(hz: float = 1000.0, seconds: float = BEEP_S) -> np.ndarray:
@@ -141,7 +116,7 @@ async def start_app(tmp_path: Path, stt: ScriptedStt, **settings: Any) -> SipApp
 
 
 async def test_a_voicemail_hears_nothing_during_its_greeting_and_the_message_after_its_beep(
-    tmp_path: Path, backend: tuple[Backend, str]
+    tmp_path: Path, backend: tuple[SignedEvents, str]
 ) -> None:
     receiver, url = backend
     stt = ScriptedStt(text_for=lambda seconds: GREETING if seconds > 0.5 else "")

@@ -11,17 +11,14 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from parley.agent.signing import HEADER, verify
 from parley.records.database import connect
 from tests.analyst_llm import SUMMARY, AnalystLlm
 from tests.doubles import make_engines
 from tests.postgres import PostgresCluster, available
+from tests.signed_events import SignedEvents
 from tests.sip_app import SipApp, eventually
 from tests.sip_wire import offer
 
@@ -38,40 +35,12 @@ success = "the caller's order status was given"
 """
 
 
-class Backend:
-    """The team's events receiver: it takes only events signed with our secret."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.unsigned = 0
-        self.server: TestServer | None = None
-
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_post("/events", self.event)
-        self.server = TestServer(app, host="127.0.0.1")
-        await self.server.start_server()
-        return f"http://127.0.0.1:{self.server.port}/events"
-
-    async def event(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        if not verify(request.headers.get(HEADER, ""), body, SECRET):
-            self.unsigned += 1
-            return web.json_response({"error": "bad signature"}, status=401)
-        self.events.append(json.loads(body))
-        return web.json_response({})
-
-    def of(self, kind: str, call_id: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["type"] == kind and e["call_id"] == call_id]
-
-
 @pytest.fixture
-async def backend() -> AsyncIterator[tuple[Backend, str]]:
-    receiver = Backend()
+async def backend() -> AsyncIterator[tuple[SignedEvents, str]]:
+    receiver = SignedEvents(SECRET)
     url = await receiver.start()
     yield receiver, url
-    assert receiver.server is not None
-    await receiver.server.close()
+    await receiver.close()
 
 
 @pytest.fixture
@@ -113,7 +82,7 @@ async def a_call_that_asks_and_hangs_up(app: SipApp) -> str:
     indirect=["records_database"],
 )
 async def test_an_ended_call_is_analysed_into_its_record_and_a_signed_event(
-    backend: tuple[Backend, str], records_database: str, transcripts: bool, tmp_path: Path
+    backend: tuple[SignedEvents, str], records_database: str, transcripts: bool, tmp_path: Path
 ) -> None:
     receiver, events_url = backend
     agent_file = tmp_path / "orders.toml"
