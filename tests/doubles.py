@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from parley.engines import Engines
-from parley.engines.llm import Message
+from parley.engines.llm import Calls, Message, allows
 from parley.engines.stt import SttCancelled, Transcription
 from parley.engines.toolcalls import ToolCall
 
@@ -94,7 +94,7 @@ class ScriptedLlm:
         self.script = script
         self.prompts: list[list[Message]] = []
         self.offered: list[list[str]] = []
-        self.calls_allowed: list[bool] = []  # per prompt: whether the reply could call a tool
+        self.calls_allowed: list[Calls] = []  # per prompt: the tools the reply could (or must) call
         self.stopped = threading.Event()
 
     def stream(
@@ -103,7 +103,7 @@ class ScriptedLlm:
         should_stop: Callable[[], bool],
         tools: list[dict[str, Any]] | None = None,
         *,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str | ToolCall]:
         self.prompts.append(messages)
         self.calls_allowed.append(calls)
@@ -123,8 +123,8 @@ class ScriptedLlm:
                 self.stopped.set()
                 return
             time.sleep(self.token_s)
-            if isinstance(item, ToolCall) and not (tools and calls):
-                continue  # not offered tools, or told to use none: a model could not ask for one
+            if isinstance(item, ToolCall) and not (tools and allows(calls, item)):
+                continue  # not offered tools, or told not to use this one: a model could not ask for it
             yield item
 
 

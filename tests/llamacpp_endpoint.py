@@ -72,7 +72,7 @@ def handler(endpoint: LlamaCppEndpoint) -> type[BaseHTTPRequestHandler]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8091)
-    parser.add_argument("--model", default=Settings().llm_model)
+    parser.add_argument("--model", default=Settings().local_llm())
     args = parser.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(LlamaCppEndpoint(args.model)))
     print(f"listening on http://127.0.0.1:{args.port}/v1", flush=True)

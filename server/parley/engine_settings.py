@@ -9,6 +9,12 @@ from pathlib import Path
 from parley.settings_option import opt as _opt
 
 DENOISERS = ("rnnoise", "deepfilternet", "off")  # engines/denoise.py
+# `--llm-model auto`: the packaged model that starts replies soonest, unless an agent offers tools. The
+# small one answers them badly (no call, or an order's status made up: `parley bench tools`, `parley test
+# examples/scenarios/`), so an agent with tools gets the larger one, whose replies start later.
+AUTO_LLM = "auto"
+WORDS_LLM = "qwen2.5-0.5b"
+TOOLS_LLM = "qwen2.5-coder-1.5b"
 
 
 def default_cache_dir() -> Path:
@@ -42,10 +48,10 @@ class EngineSettings:
     )
     stt_max_batch: int = field(default=8, metadata=_opt("utterances transcribed together at most", "engines"))
     llm_model: str = field(
-        default="qwen2.5-0.5b",
+        default=AUTO_LLM,
         metadata=_opt(
-            "'qwen2.5-0.5b', 'qwen2.5-coder-1.5b' or 'smollm2-135m' (packaged), a causal-LM hub name, "
-            "or a local folder",
+            "'auto' (qwen2.5-0.5b; qwen2.5-coder-1.5b when an agent offers tools), 'qwen2.5-0.5b', "
+            "'qwen2.5-coder-1.5b' or 'smollm2-135m' (packaged), a causal-LM hub name, or a local folder",
             "engines",
         ),
     )
@@ -99,6 +105,12 @@ class EngineSettings:
             DENOISERS,
         ),
     )
+
+    def local_llm(self, *, tools: bool = False) -> str:
+        """The model `llm_model` names, `auto` chosen for replies that are offered tools or not."""
+        if self.llm_model != AUTO_LLM:
+            return self.llm_model
+        return TOOLS_LLM if tools else WORDS_LLM
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()

@@ -172,7 +172,9 @@ TOOL_CALLS_TOTAL = Counter(
 REPLIES_REGENERATED_TOTAL = Counter(
     "parley_replies_regenerated_total",
     "Replies written again before any of them was heard, by the failure shape their opening had (refusal, "
-    "condolence, non_answer: talk about itself; invented_number: a tool call with a number nobody said)",
+    "condolence, non_answer: talk about itself; invented_number: a tool call with a number nobody said; "
+    "repeated_call: a call the conversation already holds; not_looked_up: words where a lookup of the "
+    "caller's number was due; pipeline/reply_guard.py)",
     ["reason"],
     registry=REGISTRY,
 )
@@ -275,7 +277,7 @@ for _reason in ("host", "prefix", "rate"):
     DIAL_REFUSED_TOTAL.labels(reason=_reason)
 for _outcome in ("ok", "invalid", "failed", "dropped"):  # analysis/analyses.py
     ANALYSES_TOTAL.labels(outcome=_outcome)
-for _reason in ("refusal", "condolence", "non_answer", "invented_number"):  # pipeline/reply_guard.py
+for _reason in ("refusal", "condolence", "non_answer", "invented_number", "repeated_call", "not_looked_up"):
     REPLIES_REGENERATED_TOTAL.labels(reason=_reason)
 for _outcome in ("confirmed", "cancelled", "timeout"):
     REOPEN_CANDIDATES_TOTAL.labels(outcome=_outcome)

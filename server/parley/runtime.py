@@ -8,6 +8,7 @@ that each transport turns into its own refusal (HTTP 503, SIP 503, a closed WebS
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import socket
@@ -64,6 +65,9 @@ class Runtime:
         self.draining = False  # set by drain(): live calls go on, no new call is admitted
         self.records: CallRecords | None = None
         self.agents = load_agents(settings.agent, settings.system_prompt, settings.greeting)
+        # `--llm-model auto` is chosen once, for every agent the service runs (one model serves them all).
+        tools = any(agent.offers_tools() for agent in self.agents.values())
+        self.settings = settings = dataclasses.replace(settings, llm_model=settings.local_llm(tools=tools))
         self.tools = ToolRunner(settings.webhook_secret)
         self.call_events: CallEvents | None = None
         self.outbox = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -119,3 +120,28 @@ def test_a_call_with_a_number_nobody_said_is_asked_again_as_words(llm: LlmEngine
     assert fired == ["invented_number"]
     assert not [d for d in out if isinstance(d, ToolCall)] and said, out
     assert "{" not in said and "```" not in said
+
+
+def test_a_callers_number_is_looked_up_rather_than_talked_about(llm: LlmEngine) -> None:
+    # At the README's order desk (examples/agents/orders.toml) the small model talks about the order ("I
+    # don't have any information about the order with number 4712.") instead of looking it up; made to
+    # call the lookup, it picks it, held to the tool's schema.
+    from parley.agent.agentfile import load_agent_file
+    from parley.bench.tools import LOOKUPS
+    from parley.bench.tools import TOOLS as ORDER_TOOLS
+    from parley.pipeline.reply_guard import guarded_stream
+
+    desk = load_agent_file(Path(__file__).parents[2] / "examples" / "agents" / "orders.toml")
+    messages: list[Message] = [
+        {"role": "system", "content": desk.system_prompt},
+        {"role": "assistant", "content": desk.greeting},
+        {"role": "user", "content": "Where is my order? The number is 4712."},
+    ]
+    fired: list[str] = []
+    out = list(
+        guarded_stream(llm, messages, lambda: False, ORDER_TOOLS, lookups=LOOKUPS, on_regenerate=fired.append)
+    )
+    assert fired == ["not_looked_up"], out  # it spoke first, and was stopped at its first word
+    calls = [d for d in out if isinstance(d, ToolCall)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("lookup_order", {"number": "4712"})], out
+    assert not "".join(d for d in out if isinstance(d, str)).strip()

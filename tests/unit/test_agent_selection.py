@@ -44,3 +44,15 @@ async def test_an_offer_naming_an_unknown_agent_or_bad_context_is_refused(tmp_pa
         assert not_a_name.status == 400
     finally:
         await client.close()
+
+
+def test_auto_runs_the_larger_model_only_for_agents_offered_tools(tmp_path: Path) -> None:
+    # The small model answers words soonest but cannot be relied on to call tools (issue 47's bench tools,
+    # parley test's order desk): an agent with tools, its own or a built-in, gets the larger one.
+    words_only = Runtime(Settings(sip="off", agent=agent_files(tmp_path)), make_engines())
+    assert words_only.settings.llm_model == "qwen2.5-0.5b"
+    (tmp_path / "desk.toml").write_text('system_prompt = "Desk."\n[builtins]\nend_call = true\n')
+    with_tools = Runtime(Settings(sip="off", agent=(str(tmp_path / "desk.toml"),)), make_engines())
+    assert with_tools.settings.llm_model == "qwen2.5-coder-1.5b"
+    chosen = Settings(sip="off", agent=(str(tmp_path / "desk.toml"),), llm_model="qwen2.5-0.5b")
+    assert Runtime(chosen, make_engines()).settings.llm_model == "qwen2.5-0.5b"  # named: kept

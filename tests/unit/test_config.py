@@ -19,7 +19,9 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_are_the_real_offline_models() -> None:
     settings = load_settings(parse(), environ={})
-    assert (settings.stt_model, settings.llm_model, settings.tts_voice) == ("base", "qwen2.5-0.5b", "joe")
+    assert (settings.stt_model, settings.llm_model, settings.tts_voice) == ("base", "auto", "joe")
+    # auto: the packaged model that answers soonest, or for agents with tools the one that calls them
+    assert (settings.local_llm(), settings.local_llm(tools=True)) == ("qwen2.5-0.5b", "qwen2.5-coder-1.5b")
     assert settings.port == 8080 and settings.host == "127.0.0.1"
 
 

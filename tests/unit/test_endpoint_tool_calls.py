@@ -155,3 +155,20 @@ def test_a_call_wrapped_in_the_tool_lists_tags_is_a_call_and_never_spoken() -> N
     rest, found = written.flush()
     assert "".join(said) + rest == "Let me see. "
     assert [(c.name, c.arguments) for c in calls + found] == [("lookup_order", '{"number": "4712"}')]
+
+
+def test_a_reply_that_must_call_a_lookup_asks_the_server_for_that_tool(server: str) -> None:
+    # The reply guard's lookup of a caller's number (pipeline/reply_guard.py): the tools stay offered.
+    TextOnlyServer.deltas = [{"content": piece} for piece in FENCED]
+    out = list(OpenAiLlm(server).stream(ASKED, lambda: False, tools=TOOLS, calls=("lookup_order",)))
+    asked = TextOnlyServer.requests[-1]
+    assert asked["tool_choice"] == {"type": "function", "function": {"name": "lookup_order"}}
+    assert asked["tools"] == TOOLS
+    assert [(d.name, d.arguments) for d in out if isinstance(d, ToolCall)] == [
+        ("lookup_order", '{"number": "123456"}')
+    ]
+    # A call to a tool it was not asked for is dropped, as a server may not heed tool_choice.
+    TextOnlyServer.deltas = [{"content": piece} for piece in FENCED]
+    out = list(OpenAiLlm(server).stream(ASKED, lambda: False, tools=TOOLS, calls=("transfer", "end_call")))
+    assert TextOnlyServer.requests[-1]["tool_choice"] == "required"
+    assert not [d for d in out if isinstance(d, ToolCall)]

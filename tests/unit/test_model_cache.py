@@ -159,7 +159,7 @@ def test_leftovers_of_a_crashed_build_are_cleaned_up(tmp_path: Path) -> None:
 
 def test_the_converted_llm_in_the_default_cache_verifies() -> None:
     settings = Settings()
-    folder = cache.llm_ct2_dir(settings.resolved_cache_dir(), settings.llm_model)
+    folder = cache.llm_ct2_dir(settings.resolved_cache_dir(), settings.local_llm())
 
     assert cache.is_ct2_folder(folder)
     assert verify_folder(folder)

@@ -260,3 +260,96 @@ def test_a_tool_call_with_the_callers_own_numbers_goes_out_at_once(caller: str, 
     llm = ScriptedLlm(token_s=0.0, script=[[call]])
     assert list(guarded_stream(llm, ask(caller), lambda: False, ORDER_TOOLS)) == [call]
     assert len(llm.prompts) == 1
+
+
+LOOKUPS = ("lookup_order",)
+LOOKED_UP = call_of("lookup_order", '{"number": "4712"}')
+
+
+def after_lookup(question: str) -> list[Message]:
+    """The conversation once `question`'s number was looked up, its result read back to the model."""
+    tool_call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "lookup_order", "arguments": '{"number": "4712"}'},
+    }
+    return [
+        *ask(question),
+        {"role": "assistant", "content": "", "tool_calls": [tool_call]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"status": "shipped", "eta": "Monday"}'},
+    ]
+
+
+@pytest.mark.parametrize(
+    "caller",
+    [
+        "Where is my order? The number is 4712.",
+        "Where is my order? The number is four seven one two.",
+        "Where is my order? The number is 47. 1,2,",  # Whisper's writing of a pause in the number
+    ],
+)
+@pytest.mark.parametrize(
+    "words_instead",
+    ["Sure, I'll look up your order.", "Order 4712 is in transit.", "I'm sorry, but I can't find it."],
+)
+def test_a_callers_number_nobody_looked_up_is_looked_up_instead_of_talked_about(
+    caller: str, words_instead: str
+) -> None:
+    # Qwen2.5-Coder-1.5B said "Sure, I'll look up your order." and stopped, or gave a status it had not
+    # looked up; made to call, it called the right tool with the number in figures.
+    llm = ScriptedLlm(token_s=0.0, script=[words(words_instead), [LOOKED_UP]])
+    before = regenerated("not_looked_up")
+    given = list(guarded_stream(llm, ask(caller), lambda: False, ORDER_TOOLS, lookups=LOOKUPS))
+    assert given == [LOOKED_UP]  # the caller hears none of the first reply's words
+    assert regenerated("not_looked_up") == before + 1
+    assert llm.calls_allowed == [True, LOOKUPS]  # asked again, it must call a lookup
+    assert llm.prompts[1] == [
+        *llm.prompts[0],
+        {"role": "system", "content": "The caller's number, in figures: 4712."},
+    ]
+
+
+def test_the_answer_after_the_lookup_goes_out_as_written() -> None:
+    answer = "Your order has shipped and arrives on Monday."
+    llm = ScriptedLlm(token_s=0.0, script=[words(answer)])
+    question = "Where is my order? The number is 4712."
+    given = guarded_stream(llm, after_lookup(question), lambda: False, ORDER_TOOLS, lookups=LOOKUPS)
+    assert "".join(str(d) for d in given).strip() == answer
+    assert len(llm.prompts) == 1
+
+
+@pytest.mark.parametrize(
+    ("caller", "lookups"),
+    [
+        ("Where is my order? The number is 4712.", ()),  # no tool that only looks things up
+        ("Where is my order?", LOOKUPS),  # no number yet
+        ("A table for 2 at 7 pm.", LOOKUPS),  # numbers too short to be one to look up
+    ],
+)
+def test_words_go_out_as_written_where_no_lookup_is_due(caller: str, lookups: tuple[str, ...]) -> None:
+    answer = "Sure, what is the number?"
+    llm = ScriptedLlm(token_s=0.0, script=[words(answer)])
+    given = guarded_stream(llm, ask(caller), lambda: False, ORDER_TOOLS, lookups=lookups)
+    assert "".join(str(d) for d in given).strip() == answer
+    assert len(llm.prompts) == 1
+
+
+def test_a_call_the_model_makes_itself_goes_out_where_a_lookup_is_due() -> None:
+    # "Please cancel my order 445566.": its own choice of tool, side effects and all, is the model's.
+    cancel = call_of("transfer", '{"destination": "+15557654321"}')
+    llm = ScriptedLlm(token_s=0.0, script=[[cancel]])
+    caller = "Order 445566 is wrong, put me through to someone."
+    assert list(guarded_stream(llm, ask(caller), lambda: False, ORDER_TOOLS, lookups=LOOKUPS)) == [cancel]
+    assert len(llm.prompts) == 1
+
+
+def test_a_call_the_conversation_already_holds_is_asked_for_again_as_words() -> None:
+    # Qwen2.5-0.5B asked for the order it had just been told about, until the rounds ran out.
+    answer = "Your order has shipped and arrives on Monday."
+    llm = ScriptedLlm(token_s=0.0, script=[[LOOKED_UP], words(answer)])
+    before = regenerated("repeated_call")
+    question = "Where is my order? The number is 4712."
+    given = guarded_stream(llm, after_lookup(question), lambda: False, ORDER_TOOLS, lookups=LOOKUPS)
+    assert "".join(str(d) for d in given).strip() == answer
+    assert regenerated("repeated_call") == before + 1
+    assert llm.calls_allowed == [True, False]

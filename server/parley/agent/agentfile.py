@@ -178,6 +178,10 @@ class Agent:
     def tool(self, name: str) -> ToolSpec | None:
         return next((t for t in self.tools if t.name == name), None)
 
+    def offers_tools(self) -> bool:
+        """Whether its replies are offered tools: its own, or a built-in it enables."""
+        return bool(self.tools) or self.builtins != Builtins()
+
     def caller_may_set(self, name: str) -> bool:
         """Whether a caller's context may set this variable: declared, or one of the SIP headers'."""
         return name in self.caller_variables or name in map(header_variable, self.sip_headers)

@@ -197,7 +197,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         close = getattr(llm, "close", None)
         if callable(close):
             close()
-    return summarise(rows, {"llm": settings.llm_model, "load_s": round(load_s, 1)})
+    return summarise(rows, {"llm": settings.local_llm(), "load_s": round(load_s, 1)})
 
 
 async def _spoken(args: argparse.Namespace, sets: tuple[QuestionSet, ...]) -> dict[str, Any]:

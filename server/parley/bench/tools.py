@@ -12,6 +12,7 @@ OpenAI-compatible endpoint with `--llm-url`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ TOOLS: list[dict[str, Any]] = [
     _tool("transfer", "Transfer the caller to a person", TRANSFER),
     _tool("end_call", "Hang up after saying goodbye", {"type": "object", "properties": {}}),
 ]
+LOOKUPS = ("lookup_order",)  # the tool without side effects: the reply guard may make a reply call it
 CASES: list[tuple[str, str | None, dict[str, str]]] = [
     ("What is the status of order 123456?", "lookup_order", {"number": "123456"}),
     ("Can you check on my order, the number is 778899?", "lookup_order", {"number": "778899"}),
@@ -87,7 +89,8 @@ def ask(
     ]
     started = time.perf_counter()
     text: list[str] = []
-    for delta in guarded_stream(llm, messages, lambda: False, TOOLS, on_regenerate=on_regenerate):
+    deltas = guarded_stream(llm, messages, lambda: False, TOOLS, lookups=LOOKUPS, on_regenerate=on_regenerate)
+    for delta in deltas:
         if isinstance(delta, ToolCall):
             return delta, "".join(text), time.perf_counter() - started
         text.append(delta)
@@ -121,6 +124,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.llm_model:
         overrides["llm_model"] = args.llm_model
     settings = Settings(**overrides)
+    settings = dataclasses.replace(settings, llm_model=settings.local_llm(tools=True))
     llm = load_llm(settings, prompt=settings)
     rows: list[dict[str, Any]] = []
     for _ in range(args.rounds):

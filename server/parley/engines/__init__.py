@@ -129,11 +129,11 @@ def prepare_models(settings: Settings) -> None:
     if settings.llm_url:
         event(log, "model_ready", engine="llm", path=settings.llm_url, seconds=0.0)
     elif (runtime := llm_runtime(settings, resolve_device(settings.device))) == "transformers":
-        step("llm", lambda: llm_hf_source(cache_dir, settings.llm_model))
+        step("llm", lambda: llm_hf_source(cache_dir, settings.local_llm()))
     elif runtime == "llamacpp":
-        step("llm", lambda: llm_gguf(cache_dir, settings.llm_model, full=True)[0])
+        step("llm", lambda: llm_gguf(cache_dir, settings.local_llm(), full=True)[0])
     else:
-        step("llm", lambda: llm_ct2_dir(cache_dir, settings.llm_model, full=True))
+        step("llm", lambda: llm_ct2_dir(cache_dir, settings.local_llm(), full=True))
     step("tts", lambda: voice_files(settings.tts_voice)[0])
     if turn_model_path(settings) is not None:
         step("turn_end", lambda: load_turn_end(settings).model_path)

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from parley.engines import Engines
-from parley.engines.llm import LlmEngine, Message, Tools
+from parley.engines.llm import Calls, LlmEngine, Message, Tools
 from parley.engines.stt import SttEngine, Transcription
 from parley.engines.toolcalls import ToolCall
 from parley.engines.tts import TtsEngine
@@ -142,7 +142,7 @@ class DeadlineLlm(_Wrapped):
         should_stop: Callable[[], bool],
         tools: Tools | None = None,
         *,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str | ToolCall]:
         llm: LlmEngine = self.inner
 

@@ -25,7 +25,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from parley.engines.llm import ENDPOINT_TIMEOUT_S, LlmError, Message, Tools
+from parley.engines.llm import ENDPOINT_TIMEOUT_S, Calls, LlmError, Message, Tools, allows
 from parley.engines.toolcalls import TaggedToolCalls, ToolCall, ToolCallAccumulator
 
 JSON_REPLY_TOKENS = 256  # a JSON reply's tokens at most (a post-call extraction or verdict)
@@ -81,7 +81,7 @@ class OpenAiLlm:
         should_stop: Callable[[], bool],
         tools: Tools | None = None,
         *,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str | ToolCall]:
         if should_stop():
             return
@@ -94,8 +94,15 @@ class OpenAiLlm:
         }
         if tools:
             request["tools"] = tools
-            if not calls:
+            if calls is False:
                 request["tool_choice"] = "none"
+            elif calls is not True:
+                names = calls or ()
+                # One tool is named outright; several: any call is required, and one to a tool not named
+                # is dropped from the reply (_post).
+                request["tool_choice"] = (
+                    {"type": "function", "function": {"name": names[0]}} if len(names) == 1 else "required"
+                )
         yield from self._post(request, should_stop, tools, calls)
 
     def json_reply(
@@ -123,7 +130,7 @@ class OpenAiLlm:
         return "".join(d for d in self._post(request, should_stop, None, False) if isinstance(d, str))
 
     def _post(
-        self, request: dict[str, Any], should_stop: Callable[[], bool], tools: Tools | None, calls: bool
+        self, request: dict[str, Any], should_stop: Callable[[], bool], tools: Tools | None, calls: Calls
     ) -> Iterator[str | ToolCall]:
         body = json.dumps(request).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -144,7 +151,9 @@ class OpenAiLlm:
                 detail = response.read(2000).decode("utf-8", "replace").strip()
                 raise LlmError(f"{self.url}: HTTP {response.status} {response.reason}: {detail}")
             for delta in self._events(response, should_stop, tools):
-                if calls or not isinstance(delta, ToolCall):  # a server may not heed tool_choice
+                if not isinstance(delta, ToolCall) or allows(
+                    calls, delta
+                ):  # a server may not heed tool_choice
                     yield delta
         except (OSError, http.client.HTTPException) as exc:
             if should_stop():

@@ -26,6 +26,21 @@ ENDPOINT_TIMEOUT_S = 30.0
 
 
 Tools = list[dict[str, Any]]  # OpenAI `tools` (type function, with a JSON Schema of parameters)
+# What a reply may do with the tools offered to it (they stay in its prompt either way, as the
+# conversation's other prompts have them): True, call them if it chooses; False, words only; a tuple of
+# names, it must call one of those (OpenAI's tool_choice "required", narrowed to those tools).
+Calls = bool | tuple[str, ...]
+
+
+def offered(tools: Tools | None, names: tuple[str, ...]) -> Tools:
+    """The offered tools that `names` names, in their order."""
+    return [t for t in tools or [] if t.get("function", {}).get("name") in names]
+
+
+def allows(calls: Calls, call: ToolCall) -> bool:
+    """Whether a reply asked with `calls` may make `call` (a runtime or server that cannot hold the model
+    to the choice has the calls it may not make dropped)."""
+    return calls is True or (calls is not False and call.name in calls)
 
 
 class LlmEngine(Protocol):
@@ -38,11 +53,10 @@ class LlmEngine(Protocol):
         should_stop: Callable[[], bool],
         tools: Tools | None = None,
         *,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str | ToolCall]:
-        """Reply text as it comes, and the tools the model asks for (when it was offered `tools`).
-        `calls=False`: the tools stay in the prompt (as the conversation's other prompts have them), but
-        this reply is words only."""
+        """Reply text as it comes, and the tools the model asks for (when it was offered `tools`), as
+        `calls` allows (see `Calls`)."""
         ...
 
 
@@ -148,18 +162,18 @@ class LocalLlm:
         should_stop: Callable[[], bool],
         tools: Tools | None = None,
         *,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str | ToolCall]:
         deltas = with_tagged_tool_calls(self._text(messages, should_stop, tools, calls), tools)
-        # A runtime that cannot keep the model from writing a call has it taken out of the words.
-        return deltas if calls else (d for d in deltas if not isinstance(d, ToolCall))
+        # One that must call and speaks instead is left its words.
+        return (d for d in deltas if not isinstance(d, ToolCall) or allows(calls, d))
 
     def _text(
         self,
         messages: list[Message],
         should_stop: Callable[[], bool],
         tools: Tools | None,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str]:
         raise NotImplementedError
 

@@ -33,6 +33,7 @@ from typing import Any
 from parley.engines.llm import (
     REPETITION_PENALTY,
     STEPS_DONE,
+    Calls,
     LlmError,
     Message,
     Tools,
@@ -97,7 +98,7 @@ class BatchedCt2Llm(Ct2Llm):
         messages: list[Message],
         should_stop: Callable[[], bool],
         tools: Tools | None,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str]:
         if should_stop():
             return

@@ -12,6 +12,7 @@ from parley.engines.device import cpu_threads, prefer_avx512_for_ctranslate2
 from parley.engines.llm import (
     REPETITION_PENALTY,
     SAMPLING_TOPK,
+    Calls,
     ChatTokenizer,
     IncrementalDecoder,
     LocalLlm,
@@ -96,7 +97,7 @@ class Ct2Llm(LocalLlm):
         messages: list[Message],
         should_stop: Callable[[], bool],
         tools: Tools | None,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str]:
         if should_stop():
             return

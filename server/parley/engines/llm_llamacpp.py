@@ -59,12 +59,14 @@ from parley.engines.llamacpp_schedule import (
 )
 from parley.engines.llm import (
     STEPS_DONE,
+    Calls,
     ChatTokenizer,
     LlmError,
     LocalLlm,
     Message,
     Tools,
     deltas_from_steps,
+    offered,
 )
 from parley.engines.token_choice import TokenChooser, end_call
 from parley.engines.tool_grammar import grammar_for, json_grammar_for
@@ -133,7 +135,7 @@ class LlamaCppLlm(LocalLlm):
         messages: list[Message],
         should_stop: Callable[[], bool],
         tools: Tools | None,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str]:
         if should_stop():
             return
@@ -145,8 +147,13 @@ class LlamaCppLlm(LocalLlm):
             for m in messages
             if m.get("role") == "assistant" and isinstance(m.get("content"), str)
         ]
-        grammar = grammar_for(tools) if tools and calls else None
-        request = self._ask(prompt, self.max_tokens, earlier, grammar, words_only=bool(tools) and not calls)
+        if not tools or calls is False:
+            request = self._ask(prompt, self.max_tokens, earlier, words_only=bool(tools))
+        elif calls is True:
+            request = self._ask(prompt, self.max_tokens, earlier, grammar_for(tools))
+        else:  # it must call one of the tools named: held to their grammar from its first token
+            grammar = grammar_for(offered(tools, calls))
+            request = self._ask(prompt, self.max_tokens, earlier, grammar, json_reply=grammar is not None)
         yield from self._deltas(request, should_stop)
 
     def json_reply(

@@ -18,7 +18,8 @@ def llm_runtime(settings: EngineSettings, device: str) -> str:
     CTranslate2 on a GPU, or for a hub name or a transformers folder."""
     if settings.llm_runtime != "auto":
         return settings.llm_runtime
-    gguf = settings.llm_model in PACKAGED_LLMS or settings.llm_model.endswith(".gguf")
+    model = settings.local_llm()
+    gguf = model in PACKAGED_LLMS or model.endswith(".gguf")
     return "llamacpp" if device == "cpu" and gguf else "ctranslate2"
 
 
@@ -42,7 +43,7 @@ def load_llm(settings: EngineSettings, *, prompt: AgentSettings | None = None) -
         from parley.engines.llm_transformers import TransformersLlm
 
         return TransformersLlm(
-            llm_hf_source(cache_dir, settings.llm_model),
+            llm_hf_source(cache_dir, settings.local_llm()),
             device=device,
             max_tokens=settings.llm_max_tokens,
             temperature=settings.llm_temperature,
@@ -50,7 +51,7 @@ def load_llm(settings: EngineSettings, *, prompt: AgentSettings | None = None) -
     if runtime == "llamacpp":
         from parley.engines.llm_llamacpp import LlamaCppLlm
 
-        gguf, tokenizer_dir = llm_gguf(cache_dir, settings.llm_model)
+        gguf, tokenizer_dir = llm_gguf(cache_dir, settings.local_llm())
         engine = LlamaCppLlm(
             gguf,
             tokenizer_dir,
@@ -69,7 +70,7 @@ def load_llm(settings: EngineSettings, *, prompt: AgentSettings | None = None) -
         from parley.engines.llm_batching import BatchedCt2Llm
 
         return BatchedCt2Llm(
-            llm_ct2_dir(cache_dir, settings.llm_model),
+            llm_ct2_dir(cache_dir, settings.local_llm()),
             device=device,
             workers=settings.llm_workers,
             max_tokens=settings.llm_max_tokens,
@@ -77,7 +78,7 @@ def load_llm(settings: EngineSettings, *, prompt: AgentSettings | None = None) -
             max_batch=settings.llm_max_batch,
         )
     return Ct2Llm(
-        llm_ct2_dir(cache_dir, settings.llm_model),
+        llm_ct2_dir(cache_dir, settings.local_llm()),
         device=device,
         workers=settings.llm_workers,
         max_tokens=settings.llm_max_tokens,

@@ -10,6 +10,7 @@ from typing import Any
 from parley.engines.llm import (
     REPETITION_PENALTY,
     SAMPLING_TOPK,
+    Calls,
     LlmError,
     LocalLlm,
     Message,
@@ -63,7 +64,7 @@ class TransformersLlm(LocalLlm):
         messages: list[Message],
         should_stop: Callable[[], bool],
         tools: Tools | None,
-        calls: bool = True,
+        calls: Calls = True,
     ) -> Iterator[str]:
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer

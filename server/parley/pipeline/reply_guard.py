@@ -19,6 +19,15 @@ today?" called `lookup_order` with order "12345"; "Do you sell gift cards?" with
 asked for once more before the call runs, as words only (the same nudge; one that told it to ask for the
 number, the 0.5B model read aloud). Numbers the caller spelled out in words ("seven seven eight, double
 nine") count as said.
+
+And the other way round: a caller who gives a number (three digits or more) that no tool has been given
+yet, to an agent with tools that only look things up (`lookups`: side-effect free, with parameters), is
+answered by one of those lookups. A reply that opens with words there instead is stopped at its first
+word and asked again as a call to one of them, held to their grammar. The small models know which tool
+and which argument when made to call (both packaged Qwen models: every order desk request tried), but
+decide badly whether to: they say "Sure, I'll look up your order." and stop, or give an order's status
+that nothing looked up ("Order 4712 is in transit."). A lookup a caller did not need costs a second;
+only tools without side effects are ever called this way.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from parley import metrics
 from parley.engines.llm import LlmEngine, Message, Tools
@@ -35,7 +44,7 @@ from parley.engines.toolcalls import ToolCall
 from parley.pipeline.segmenter import ends_sentence, split_sentences
 from parley.text import digit_runs, normalise_words
 
-Reason = Literal["refusal", "condolence", "non_answer", "invented_number"]
+Reason = Literal["refusal", "condolence", "non_answer", "invented_number", "repeated_call", "not_looked_up"]
 Decision = Literal["hold", "speak"] | Reason
 
 # The words a failure shape opens with (normalised). A reply is held only while its words so far are one
@@ -201,17 +210,55 @@ def invented_number(call: ToolCall, messages: list[Message], tools: Tools | None
     return any(not any(number in run for run in said) for number in numbers)
 
 
+def _arguments(arguments: Any) -> Any:
+    try:
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return arguments
+
+
+def repeated_call(call: ToolCall, messages: list[Message]) -> bool:
+    """Whether the conversation already holds `call`: the same tool with the same arguments (Qwen2.5-0.5B
+    asked for the order it had just been told about, until the rounds ran out)."""
+    asked = _arguments(call.arguments)
+    return any(
+        earlier.get("function", {}).get("name") == call.name
+        and _arguments(earlier.get("function", {}).get("arguments")) == asked
+        for m in messages
+        for earlier in m.get("tool_calls") or ()
+    )
+
+
+def numbers_to_look_up(messages: list[Message], lookups: tuple[str, ...]) -> list[str]:
+    """The numbers (three digits or more, said in any way, as figures) in the caller's newest words that
+    no tool call in `messages` has been given, when a lookup is offered to answer them with."""
+    if not lookups:
+        return []
+    numbers = [n for n in digit_runs(Asked.of(messages).caller_said) if len(n) >= MIN_NUMBER_DIGITS]
+    given = digit_runs(
+        " ".join(
+            str(call.get("function", {}).get("arguments") or "")
+            for m in messages
+            for call in m.get("tool_calls") or ()
+        )
+    )
+    return [number for number in numbers if not any(number in run for run in given)]
+
+
 def guarded_stream(
     llm: LlmEngine,
     messages: list[Message],
     should_stop: Callable[[], bool],
     tools: Tools | None = None,
     *,
+    lookups: tuple[str, ...] = (),
     on_regenerate: Callable[[Reason], None] | None = None,
 ) -> Iterator[str | ToolCall]:
     """`llm.stream`, with a reply of a failure shape asked for once more (counted, and told to
-    `on_regenerate`) before any of it is given. A reply stopped by `should_stop` is never asked again."""
+    `on_regenerate`) before any of it is given. A reply stopped by `should_stop` is never asked again.
+    `lookups`: the offered tools without side effects that take arguments (see the module's account)."""
     check: OpeningCheck | None = OpeningCheck(Asked.of(messages))
+    due = numbers_to_look_up(messages, lookups) if tools else []
     held: list[str] = []
     reason: Reason | None = None
     first = llm.stream(messages, should_stop, tools)
@@ -222,9 +269,11 @@ def guarded_stream(
                 continue
             decision: Decision = "speak"
             if not isinstance(delta, ToolCall):
-                decision = check.push(delta)
+                decision = "not_looked_up" if due and delta.strip() else check.push(delta)
             elif invented_number(delta, messages, tools):
                 decision = "invented_number"
+            elif repeated_call(delta, messages):
+                decision = "repeated_call"
             if decision == "hold":
                 held.append(str(delta))
                 continue
@@ -250,7 +299,13 @@ def guarded_stream(
     metrics.REPLIES_REGENERATED_TOTAL.labels(reason=reason).inc()
     if on_regenerate is not None:
         on_regenerate(reason)
+    if reason == "not_looked_up":
+        # The number in figures: a caller's "four seven one two", or "47. 1,2," as Whisper wrote a pause,
+        # went into the call as written.
+        figures = {"role": "system", "content": f"The caller's number, in figures: {', '.join(due)}."}
+        yield from llm.stream([*messages, figures], should_stop, tools, calls=lookups)
+        return
     # A made-up number comes back when asked again (Qwen2.5-Coder did, with the nudge): the second reply
     # is words only, which ask for the number or answer what was asked; the tools stay in its prompt.
-    calls = reason != "invented_number"
+    calls = reason not in ("invented_number", "repeated_call")
     yield from llm.stream(nudged(messages), should_stop, tools, calls=calls)

@@ -110,6 +110,11 @@ class LlmStage(Stage[Transcript]):
         assert tag.turn_id is not None
         reply = _Reply(self, response)
         offered = [spec.as_openai() for spec in self.tools().values()] or None
+        lookups = tuple(
+            spec.name
+            for spec in self.tools().values()
+            if not spec.side_effects and spec.parameters.get("properties")
+        )
         stable = getattr(self.llm, "reuses_prefixes", False)
         yielding = self.reply_ctx.agent.yield_phrase
         try:
@@ -121,7 +126,7 @@ class LlmStage(Stage[Transcript]):
             for round_number in range(MAX_TOOL_ROUNDS + 1):
                 messages = self.ctx.conversation.messages_for(tag.turn_id, stable_prefix=stable)
                 last_round = round_number == MAX_TOOL_ROUNDS
-                calls = reply.stream(messages, None if last_round else offered)
+                calls = reply.stream(messages, None if last_round else offered, lookups)
                 if not calls or self.ctx.replies.is_stale(tag):
                     break
                 reply.flush()  # what the model said before asking ("let me check") is heard first
@@ -268,13 +273,18 @@ class _Reply:
             self.response.audio_ready.wait(wait_s)
         return self.ctx.replies.is_stale(self.response.tag)
 
-    def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[ToolCall]:
+    def stream(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        lookups: tuple[str, ...] = (),
+    ) -> list[ToolCall]:
         """Stream one model turn into TTS; returns the tool calls it asked for. The sentence limit is per
         model turn: "Let me check." before a tool and the answer after it are two turns."""
         calls: list[ToolCall] = []
         self.sentences_left = self.ctx.settings.max_reply_sentences
         deltas = guarded_stream(
-            self.stage.llm, messages, self.should_stop, tools, on_regenerate=self.regenerated
+            self.stage.llm, messages, self.should_stop, tools, lookups=lookups, on_regenerate=self.regenerated
         )
         for delta in deltas:
             if self.response.llm_first_token_s is None:

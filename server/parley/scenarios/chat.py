@@ -181,11 +181,11 @@ class LocalChat:
                 try:
                     self._engine = load_llm(settings)
                 except Exception as exc:  # a missing model, a runtime that will not load: the run says so
-                    raise ChatError(f"the local LLM {settings.llm_model!r} could not load: {exc}") from exc
+                    raise ChatError(f"the local LLM {settings.local_llm()!r} could not load: {exc}") from exc
                 event(
                     log,
                     "scenario_llm_loaded",
-                    model=settings.llm_model,
+                    model=settings.local_llm(),
                     impl=type(self._engine).__name__,
                     seconds=round(time.perf_counter() - started, 2),
                 )
