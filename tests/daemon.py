@@ -1,34 +1,8 @@
-"""What the peers the tests start as processes (Prometheus, the fleet's proxies) share: stopped with
-SIGTERM (then SIGKILL), and used as context managers that start them."""
+"""What the peers the tests start as processes (Prometheus, the fleet's proxies) share: the benchmarks'
+base (parley/bench/daemon.py), stopped with SIGTERM (then SIGKILL) and used as a context manager."""
 
 from __future__ import annotations
 
-import subprocess
-from abc import ABC, abstractmethod
-from types import TracebackType
-from typing import Self
+from parley.bench.daemon import Daemon
 
-
-class Daemon(ABC):
-    process: subprocess.Popen[bytes] | None = None
-
-    @abstractmethod
-    def start(self) -> Self:
-        """Start the process; return once it serves."""
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+__all__ = ["Daemon"]

@@ -27,6 +27,7 @@ def add_bench_parser(commands: Any) -> None:
         interruption,
         noise,
         response,
+        rolling,
         tools,
     )
     from parley.bench.service import add_service_arguments
@@ -50,6 +51,10 @@ def add_bench_parser(commands: Any) -> None:
         add_service_arguments(parser)
         module.add_arguments(parser)
         parser.set_defaults(run=_runner(module.NAME, module.run))
+    # A fleet of its own, started here: no --url, and its instances' logs kept with Kamailio's and HAProxy's.
+    parser = names.add_parser(rolling.NAME, help=rolling.HELP, description=rolling.__doc__)
+    rolling.add_arguments(parser)
+    parser.set_defaults(run=_runner(rolling.NAME, rolling.run))
 
 
 def _runner(name: str, bench: Bench) -> Callable[[argparse.Namespace], int]:

@@ -44,6 +44,25 @@ def cpu_threads(workers: int = 1) -> int:
 AVX512_FLAGS = frozenset(("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"))
 
 
+def cpu_fields(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The CPU's fields as /proc/cpuinfo gives them (its first logical CPU's; they are all alike), {} where
+    it cannot be read (not Linux)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for key, _, value in (line.partition(":") for line in lines):
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags (x86 `flags`, Arm `Features`); empty where they cannot be read."""
+    fields = cpu_fields(cpuinfo)
+    return frozenset((fields.get("flags") or fields.get("Features") or "").split())
+
+
 def prefer_avx512_for_ctranslate2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Let CTranslate2 run its AVX-512 kernels on a CPU that has them; True when this set it up.
 
@@ -55,12 +74,7 @@ def prefer_avx512_for_ctranslate2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool
     """
     if "CT2_FORCE_CPU_ISA" in os.environ:
         return False
-    try:
-        lines = cpuinfo.read_text().splitlines()
-    except OSError:  # not Linux, or no /proc: keep CTranslate2's own choice
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    if not set(flags) >= AVX512_FLAGS:
+    if not cpu_flags(cpuinfo) >= AVX512_FLAGS:  # unreadable (not Linux) too: CTranslate2's own choice
         return False
     os.environ["CT2_FORCE_CPU_ISA"] = "AVX512"
     return True

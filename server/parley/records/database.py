@@ -150,7 +150,8 @@ class SqliteDatabase:
 
 def _private_folder(folder: Path) -> None:
     if not folder.exists():
-        folder.mkdir(parents=True, mode=PRIVATE_FOLDER)
+        # Several instances may make a new data folder at once (a fleet on one machine).
+        folder.mkdir(parents=True, mode=PRIVATE_FOLDER, exist_ok=True)
         os.chmod(folder, PRIVATE_FOLDER)  # mkdir's mode passes through the umask
 
 
