@@ -19,7 +19,8 @@ class ServiceSettings:
         default="",
         metadata=_opt(
             "this instance's name in its call ids (c-TAG-...), for a proxy in front of a fleet to send a "
-            "call's requests to the instance that holds it (1-16 lowercase letters and digits; '' = none)"
+            "call's requests to the instance that holds it (a DNS label: 1-63 lowercase letters, digits "
+            "and inner hyphens, such as a Kubernetes pod's name; '' = none)"
         ),
     )
     max_body_bytes: int = field(default=65536, metadata=_opt("largest accepted signaling body (bytes)"))

@@ -196,7 +196,10 @@ def load_settings(
 
 
 LLM_RUNTIMES = ("auto", "ctranslate2", "llamacpp", "transformers")
-INSTANCE_TAG = re.compile(r"[a-z0-9]{1,16}")
+# A DNS label (RFC 1123): a Kubernetes pod's name serves as the tag unchanged (PARLEY_INSTANCE_TAG from
+# the pod's metadata.name), and a proxy finds the pod at <tag>.<headless service>. A call id reads
+# c-<tag>-<12 hex digits>: the tag is what lies between "c-" and the last hyphen.
+INSTANCE_TAG = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 def validate(settings: Settings) -> None:
@@ -218,7 +221,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError("max_calls must be at least 1")
     if settings.instance_tag and not INSTANCE_TAG.fullmatch(settings.instance_tag):
         raise SettingsError(
-            f"instance_tag must be 1-16 lowercase letters and digits, not {settings.instance_tag!r}"
+            "instance_tag must be 1-63 lowercase letters, digits and inner hyphens (a DNS label, such "
+            f"as a pod's name), not {settings.instance_tag!r}"
         )
     if settings.llm_threads < 0:
         raise SettingsError("llm_threads must be 0 (every core, one while Whisper or Piper computes) or more")

@@ -351,15 +351,15 @@ def test_compose_gives_parley_its_token_and_sip_credentials_and_prometheus_its_s
 
 
 def test_the_kubernetes_pods_take_their_credentials_from_the_secret() -> None:
-    for variant in ("deployment-cpu.yaml", "deployment-gpu.yaml"):
-        pod = yaml.safe_load((DEPLOY / "k8s" / variant).read_text())["spec"]["template"]["spec"]
-        env = {e["name"]: e for e in pod["containers"][0]["env"]}
-        for name, key in (
-            ("PARLEY_TOKEN", "token"),
-            ("PARLEY_METRICS_TOKEN", "metrics-token"),
-            ("PARLEY_SIP_ALLOW", "sip-allow"),
-        ):
-            assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "parley", "key": key}, variant
-    monitor = yaml.safe_load((DEPLOY / "k8s" / "servicemonitor.yaml").read_text())
+    statefulset = next(yaml.safe_load_all((DEPLOY / "k8s" / "base" / "parley.yaml").read_text()))
+    assert statefulset["kind"] == "StatefulSet"  # both overlays keep its env; they change image and resources
+    env = {e["name"]: e for e in statefulset["spec"]["template"]["spec"]["containers"][0]["env"]}
+    for name, key in (
+        ("PARLEY_TOKEN", "token"),
+        ("PARLEY_METRICS_TOKEN", "metrics-token"),
+        ("PARLEY_SIP_ALLOW", "sip-allow"),
+    ):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "parley", "key": key}
+    monitor = yaml.safe_load((DEPLOY / "k8s" / "base" / "servicemonitor.yaml").read_text())
     endpoint = monitor["spec"]["endpoints"][0]
     assert endpoint["authorization"]["credentials"] == {"name": "parley", "key": "metrics-token"}
