@@ -310,3 +310,15 @@ async def test_the_sip_caller_accepts_a_transfer_and_reports_the_new_call_answer
     assert isinstance(sent[-1], SipResponse) and sent[-1].status == 481
     phone.dialog = None
     await phone.hangup()
+
+
+def test_the_noise_is_made_before_the_call_so_the_callers_packets_wait_for_nothing() -> None:
+    from parley.scenarios import line as line_module
+
+    line = CallerLine(Line(noise="street", snr_db=15), seed=4)
+    line_module._noises.clear()
+    line.prepare()  # in a thread, before the call (scenarios/runner.py)
+    assert ("street", 0, 0) in line_module._noises
+    made = line_module._noises[("street", 0, 0)]
+    line.noisy(8000)  # on the event loop, as the caller starts: the same noise, not made again
+    assert line_module._noises[("street", 0, 0)] is made

@@ -102,6 +102,12 @@ class CallerLine:
         gain = 10 ** ((noises.SPEECH_DBFS - speech) / 20)
         return _int16(pcm16k.astype(np.float64) * gain)
 
+    def prepare(self) -> None:
+        """Make the line's noise (seconds for babble): run in a thread before the call, so that `noisy`,
+        which a caller asks for on the event loop, finds it made."""
+        if self.line.noise:
+            _noise(self.line.noise)
+
     def noisy(self, rate: int) -> Callable[[np.ndarray], np.ndarray]:
         """What adds the line's noise to each outgoing frame (int16 at `rate`), one frame after the other:
         the noise runs on from a point drawn from the seed, `snr_db` under the caller's speech level.

@@ -94,7 +94,9 @@ class ScenarioRun:
         if self.target.mocks is not None:
             self.target.mocks.use(self.scenario.tools)
         try:
-            # Speech is made before the call: synthesis would hold up the caller's 20 ms packets.
+            # Speech and noise are made before the call, off the event loop: making them would hold up
+            # the caller's 20 ms packets, and the mock webhook's answers to the service.
+            await asyncio.to_thread(self.line.prepare)
             for index, turn in enumerate(self.scenario.turns, start=1):
                 if turn.say or turn.wav:
                     self._clips[index] = await asyncio.to_thread(self._clip, turn)
