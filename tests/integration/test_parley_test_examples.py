@@ -3,12 +3,11 @@ number, one who cuts in, one on a noisy line, one who asks for a person, one who
 SIP and over WebRTC: `parley test examples/scenarios/ --agent examples/agents/orders.toml`, with the
 real speech models on the real phone path.
 
-The LLM here is the scripted endpoint of the agent tests (tests/openai_endpoint.py), so that the suite
-checks `parley test`, the line and the agent's wiring every time; how the packaged models do on the
-same scenarios is measured by the same command and reported in the README (they fail some: that is
-what the tool is for). A second test runs a scenario over a carrier's media stream, one that presses
-keys, and one played on by the local model as an LLM caller and judged by it. Slow (a service start
-and several calls each): `make test-all`.
+Twice: with the default models (`--llm-model auto`, which runs Qwen2.5-Coder-1.5B for an agent with
+tools), as a user runs it; and with the scripted endpoint of the agent tests (tests/openai_endpoint.py)
+as the LLM, which checks `parley test`, the line and the agent's wiring whatever a model does. A second
+test runs a scenario over a carrier's media stream, one that presses keys, and one played on by the local
+model as an LLM caller and judged by it. Slow (a service start and several calls each): `make test-all`.
 """
 
 from __future__ import annotations
@@ -25,25 +24,21 @@ from tests.openai_endpoint import ScriptedEndpoint
 ROOT = Path(__file__).parents[2]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("transport", ["sip", "webrtc"])
-async def test_the_example_scenarios_pass_over_the_real_phone_path(transport: str, tmp_path: Path) -> None:
-    junit = tmp_path / "junit.xml"
-    with ScriptedEndpoint() as endpoint:
-        code = await asyncio.to_thread(
-            main,
-            [
-                "test",
-                str(ROOT / "examples" / "scenarios"),
-                "--agent",
-                str(ROOT / "examples" / "agents" / "orders.toml"),
-                "--transport",
-                transport,
-                f"--server-arg=--llm-url={endpoint.url}",
-                "--junit",
-                str(junit),
-            ],
-        )
+def run_examples(transport: str, junit: Path, *server_args: str) -> list[str]:
+    """`parley test` of the examples over `transport`: what failed (none when it passed)."""
+    code = main(
+        [
+            "test",
+            str(ROOT / "examples" / "scenarios"),
+            "--agent",
+            str(ROOT / "examples" / "agents" / "orders.toml"),
+            "--transport",
+            transport,
+            *(f"--server-arg={arg}" for arg in server_args),
+            "--junit",
+            str(junit),
+        ]
+    )
     suite = ElementTree.parse(junit).getroot().find("testsuite")
     assert suite is not None
     failed = [
@@ -51,8 +46,24 @@ async def test_the_example_scenarios_pass_over_the_real_phone_path(transport: st
         for case in suite.iter("testcase")
         for problem in (*case.iterfind("failure"), *case.iterfind("error"))
     ]
-    assert code == 0 and not failed, failed
     assert suite.get("tests") == str(len(list((ROOT / "examples" / "scenarios").glob("*.toml"))))
+    return failed if code == 0 or failed else [f"parley test exited {code}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["sip", "webrtc"])
+async def test_the_example_scenarios_pass_with_the_default_models(transport: str, tmp_path: Path) -> None:
+    assert await asyncio.to_thread(run_examples, transport, tmp_path / "junit.xml") == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["sip", "webrtc"])
+async def test_the_example_scenarios_pass_over_the_real_phone_path(transport: str, tmp_path: Path) -> None:
+    with ScriptedEndpoint() as endpoint:
+        failed = await asyncio.to_thread(
+            run_examples, transport, tmp_path / "junit.xml", f"--llm-url={endpoint.url}"
+        )
+    assert failed == []
 
 
 CARRIER_KEYS_AND_A_JUDGE = {
