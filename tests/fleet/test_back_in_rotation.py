@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from parley.bench.fleet import options_status
 from parley.bench.service import Service, metric_value
 from parley.bench.sip_caller import SipCaller
 from tests.fleet.conftest import instances
@@ -54,27 +53,6 @@ def fleet(
     ):
         yield services, proxy
     assert [s.process.returncode for s in services if s.process] == [0, 0]
-
-
-def options_status(port: int) -> int:
-    """The status an instance answers an out-of-dialog OPTIONS with, as Kamailio's probe gets it."""
-    branch = "z9hG4bK" + uuid.uuid4().hex[:16]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.settimeout(2.0)
-        here = sock.getsockname()[1]
-        request = (
-            f"OPTIONS sip:127.0.0.1:{port} SIP/2.0\r\n"
-            f"Via: SIP/2.0/UDP 127.0.0.1:{here};branch={branch};rport\r\n"
-            "Max-Forwards: 70\r\n"
-            f"From: <sip:probe@127.0.0.1:{here}>;tag={uuid.uuid4().hex[:8]}\r\n"
-            f"To: <sip:127.0.0.1:{port}>\r\n"
-            f"Call-ID: {uuid.uuid4().hex}@127.0.0.1\r\n"
-            "CSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
-        )
-        sock.sendto(request.encode(), ("127.0.0.1", port))
-        status_line = sock.recv(65535).split(b"\r\n", 1)[0]
-    return int(status_line.split()[1])
 
 
 def refused_full(service: Service) -> float:

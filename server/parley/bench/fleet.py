@@ -138,6 +138,32 @@ def instances(
             service.stop()
 
 
+def options_status(port: int, *, timeout: float = 2.0) -> int | None:
+    """The status a SIP endpoint on this host's `port` answers an out-of-dialog OPTIONS with (UDP), as a
+    dispatcher's probe gets it; None for no answer within `timeout`."""
+    branch = "z9hG4bK" + uuid.uuid4().hex[:16]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(timeout)
+        here = sock.getsockname()[1]
+        request = (
+            f"OPTIONS sip:127.0.0.1:{port} SIP/2.0\r\n"
+            f"Via: SIP/2.0/UDP 127.0.0.1:{here};branch={branch};rport\r\n"
+            "Max-Forwards: 70\r\n"
+            f"From: <sip:probe@127.0.0.1:{here}>;tag={uuid.uuid4().hex[:8]}\r\n"
+            f"To: <sip:127.0.0.1:{port}>\r\n"
+            f"Call-ID: {uuid.uuid4().hex}@127.0.0.1\r\n"
+            "CSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
+        )
+        sock.sendto(request.encode(), ("127.0.0.1", port))
+        try:
+            status_line = sock.recv(65535).split(b"\r\n", 1)[0]
+        except OSError:
+            return None
+    parts = status_line.split()
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
 class Kamailio(Daemon):
     """Debian's Kamailio with the deployed config, dispatching to the instances' SIP ports.
 
@@ -191,26 +217,7 @@ class Kamailio(Daemon):
 
     def answers_options(self) -> bool:
         """Kamailio answers an OPTIONS to itself 200 (its config's own health check)."""
-        branch = "z9hG4bK" + uuid.uuid4().hex[:16]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            sock.settimeout(0.5)
-            here = sock.getsockname()[1]
-            request = (
-                f"OPTIONS sip:127.0.0.1:{self.port} SIP/2.0\r\n"
-                f"Via: SIP/2.0/UDP 127.0.0.1:{here};branch={branch};rport\r\n"
-                "Max-Forwards: 70\r\n"
-                f"From: <sip:probe@127.0.0.1:{here}>;tag={uuid.uuid4().hex[:8]}\r\n"
-                f"To: <sip:127.0.0.1:{self.port}>\r\n"
-                f"Call-ID: {uuid.uuid4().hex}@127.0.0.1\r\n"
-                "CSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
-            )
-            sock.sendto(request.encode(), ("127.0.0.1", self.port))
-            try:
-                data = sock.recv(65535)
-            except OSError:
-                return False
-        return data.startswith(b"SIP/2.0 200")
+        return options_status(self.port, timeout=0.5) == 200
 
 
 class HAProxy(Daemon):
