@@ -297,7 +297,7 @@ def test_a_callers_number_nobody_looked_up_is_looked_up_instead_of_talked_about(
 ) -> None:
     # Qwen2.5-Coder-1.5B said "Sure, I'll look up your order." and stopped, or gave a status it had not
     # looked up; made to call, it called the right tool with the number in figures.
-    llm = ScriptedLlm(token_s=0.0, script=[words(words_instead), [LOOKED_UP]])
+    llm = ScriptedLlm(token_s=0.0, script=[words(words_instead + " It is on its way."), [LOOKED_UP]])
     before = regenerated("not_looked_up")
     given = list(guarded_stream(llm, ask(caller), lambda: False, ORDER_TOOLS, lookups=LOOKUPS))
     assert given == [LOOKED_UP]  # the caller hears none of the first reply's words
@@ -353,3 +353,19 @@ def test_a_call_the_conversation_already_holds_is_asked_for_again_as_words() -> 
     assert "".join(str(d) for d in given).strip() == answer
     assert regenerated("repeated_call") == before + 1
     assert llm.calls_allowed == [True, False]
+
+
+def test_a_reply_that_ends_with_words_and_no_lookup_is_asked_again_as_one() -> None:
+    llm = ScriptedLlm(token_s=0.0, script=[words("Sure, I'll look up your order."), [LOOKED_UP]])
+    question = ask("Where is my order? The number is 4712.")
+    assert list(guarded_stream(llm, question, lambda: False, ORDER_TOOLS, lookups=LOOKUPS)) == [LOOKED_UP]
+    assert llm.calls_allowed == [True, LOOKUPS]
+
+
+def test_words_before_the_lookup_go_out_with_it() -> None:
+    # The models behind endpoints say "Let me check." and then call (tests/openai_endpoint.py does too).
+    llm = ScriptedLlm(token_s=0.0, script=[[*words("Let me check."), LOOKED_UP]])
+    question = ask("Where is my order? The number is 4712.")
+    given = list(guarded_stream(llm, question, lambda: False, ORDER_TOOLS, lookups=LOOKUPS))
+    assert "".join(str(d) for d in given if not isinstance(d, ToolCall)).strip() == "Let me check."
+    assert given[-1] == LOOKED_UP and len(llm.prompts) == 1

@@ -22,8 +22,10 @@ nine") count as said.
 
 And the other way round: a caller who gives a number (three digits or more) that no tool has been given
 yet, to an agent with tools that only look things up (`lookups`: side-effect free, with parameters), is
-answered by one of those lookups. A reply that opens with words there instead is stopped at its first
-word and asked again as a call to one of them, held to their grammar. The small models know which tool
+answered by one of those lookups. A reply may say a few words before its call ("Let me check.", as the
+models behind endpoints do): its words are held, and go out with the call when it comes. One that ends,
+or begins a second sentence, with no call is stopped and asked again as a call to one of the lookups,
+held to their grammar. The small models know which tool
 and which argument when made to call (both packaged Qwen models: every order desk request tried), but
 decide badly whether to: they say "Sure, I'll look up your order." and stop, or give an order's status
 that nothing looked up ("Order 4712 is in transit."). A lookup a caller did not need costs a second;
@@ -260,6 +262,7 @@ def guarded_stream(
     check: OpeningCheck | None = OpeningCheck(Asked.of(messages))
     due = numbers_to_look_up(messages, lookups) if tools else []
     held: list[str] = []
+    words_before_call = ""  # while a lookup is due, the reply's words so far
     reason: Reason | None = None
     first = llm.stream(messages, should_stop, tools)
     try:
@@ -268,8 +271,11 @@ def guarded_stream(
                 yield delta
                 continue
             decision: Decision = "speak"
-            if not isinstance(delta, ToolCall):
-                decision = "not_looked_up" if due and delta.strip() else check.push(delta)
+            if not isinstance(delta, ToolCall) and due:
+                words_before_call += delta
+                decision = "not_looked_up" if len(split_sentences(words_before_call)) > 1 else "hold"
+            elif not isinstance(delta, ToolCall):
+                decision = check.push(delta)
             elif invented_number(delta, messages, tools):
                 decision = "invented_number"
             elif repeated_call(delta, messages):
@@ -286,7 +292,7 @@ def guarded_stream(
         else:
             if check is None or not held or should_stop():
                 return
-            reason = check.end()
+            reason = "not_looked_up" if due else check.end()
             if reason is None:
                 yield from held
                 return
