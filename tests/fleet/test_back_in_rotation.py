@@ -20,7 +20,7 @@ import pytest
 from parley.bench.fleet import options_status
 from parley.bench.service import Service, metric_value
 from parley.bench.sip_caller import SipCaller
-from tests.fleet.conftest import instances
+from tests.fleet.conftest import behind_kamailio
 from tests.fleet.kamailio import Kamailio
 from tests.postgres import PostgresCluster
 
@@ -47,12 +47,8 @@ def fleet(
 ) -> Iterator[tuple[list[Service], Kamailio]]:
     folder = tmp_path_factory.mktemp("rotation")
     args = (("--instance-tag", "a", "--max-calls", "1"), ("--instance-tag", "b"))
-    with (
-        instances(folder, cluster.new_database(), args) as services,
-        Kamailio(folder, [s.sip_port for s in services]) as proxy,
-    ):
-        yield services, proxy
-    assert [s.process.returncode for s in services if s.process] == [0, 0]
+    with behind_kamailio(folder, cluster.new_database(), args) as fleet:
+        yield fleet
 
 
 def refused_full(service: Service) -> float:

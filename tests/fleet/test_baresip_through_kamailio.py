@@ -26,7 +26,7 @@ from parley.bench.fleet import instance_tag
 from parley.bench.service import Service, metric_value
 from parley.bench.speech import espeak, trim
 from parley.engines.stt import SttEngine
-from tests.fleet.conftest import instances
+from tests.fleet.conftest import behind_kamailio
 from tests.fleet.kamailio import Kamailio
 from tests.peers.baresip import CODEC_RATE, Baresip, TracedMessage, silence_wav, write_source_wav
 from tests.postgres import PostgresCluster
@@ -51,12 +51,8 @@ def fleet(
 ) -> Iterator[tuple[list[Service], Kamailio]]:
     folder = tmp_path_factory.mktemp("baresip-fleet")
     tagged = [["--instance-tag", tag] for tag in TAGS]
-    with (
-        instances(folder, cluster.new_database(), tagged) as services,
-        Kamailio(folder, [s.sip_port for s in services]) as proxy,
-    ):
-        yield services, proxy
-    assert [s.process.returncode for s in services if s.process] == [0, 0]
+    with behind_kamailio(folder, cluster.new_database(), tagged) as fleet:
+        yield fleet
 
 
 @dataclass

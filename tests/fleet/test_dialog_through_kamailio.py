@@ -28,7 +28,7 @@ from parley.engines.stt import SttEngine
 from parley.transports.sip.message import SipRequest, SipResponse
 from parley.transports.sip.sdp import SessionDescription, offer, parse_sdp
 from parley.transports.sip.transactions import Peer
-from tests.fleet.conftest import instances
+from tests.fleet.conftest import behind_kamailio
 from tests.fleet.kamailio import Kamailio
 from tests.fleet.test_sip_through_kamailio import ended
 from tests.openai_endpoint import ScriptedEndpoint
@@ -79,12 +79,8 @@ def fleet(
     agent.write_text(AGENT)
     with ScriptedEndpoint() as model:
         args = [["--instance-tag", tag, "--agent", str(agent), "--llm-url", model.url] for tag in TAGS]
-        with (
-            instances(folder, cluster.new_database(), args) as services,
-            Kamailio(folder, [s.sip_port for s in services]) as proxy,
-        ):
-            yield services, proxy
-    assert [s.process.returncode for s in services if s.process] == [0, 0]
+        with behind_kamailio(folder, cluster.new_database(), args) as fleet:
+            yield fleet
 
 
 def instance_of(call_id: str) -> int:

@@ -16,7 +16,7 @@ import pytest
 from parley.bench.service import Service
 from parley.bench.sip_caller import SipCaller
 from parley.bench.speech import espeak, trim
-from tests.fleet.conftest import instances
+from tests.fleet.conftest import behind_kamailio
 from tests.fleet.kamailio import Kamailio
 from tests.fleet.test_sip_through_kamailio import holder
 from tests.postgres import PostgresCluster
@@ -29,11 +29,8 @@ def fleet(
     tmp_path_factory: pytest.TempPathFactory, cluster: PostgresCluster
 ) -> Iterator[tuple[list[Service], Kamailio]]:
     folder = tmp_path_factory.mktemp("drain")
-    with (
-        instances(folder, cluster.new_database()) as services,
-        Kamailio(folder, [s.sip_port for s in services]) as proxy,
-    ):
-        yield services, proxy
+    with behind_kamailio(folder, cluster.new_database()) as fleet:
+        yield fleet
 
 
 def drain(service: Service) -> dict[str, object]:

@@ -18,7 +18,7 @@ import pytest
 from parley.bench.caller import Caller
 from parley.bench.carrier import CarrierCaller
 from parley.bench.service import Service
-from tests.fleet.conftest import instances
+from tests.fleet.conftest import behind_haproxy
 from tests.fleet.haproxy import HAProxy
 from tests.postgres import PostgresCluster
 
@@ -34,12 +34,8 @@ def fleet(
     folder = tmp_path_factory.mktemp("http-fleet")
     tagged = [["--instance-tag", tag, "--trusted-proxies", "127.0.0.1"] for tag in TAGS]
     secret = {"PARLEY_STREAM_SECRET": "one-secret-for-the-fleet"}
-    with (
-        instances(folder, cluster.new_database(), tagged, secret) as services,
-        HAProxy(folder, [s.port for s in services]) as proxy,
-    ):
-        yield services, proxy
-    assert [s.process.returncode for s in services if s.process] == [0, 0]
+    with behind_haproxy(folder, cluster.new_database(), tagged, secret) as fleet:
+        yield fleet
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 from parley.bench.browser import CHROMIUM, chromium_flags
 from parley.bench.service import Service, metric_value
 from parley.bench.speech import silence_ms, write_wav
-from tests.fleet.conftest import instances
+from tests.fleet.conftest import behind_haproxy
 from tests.fleet.haproxy import HAProxy
 from tests.fleet.test_sip_through_kamailio import ended
 from tests.postgres import PostgresCluster
@@ -36,12 +36,8 @@ def fleet(
 ) -> Iterator[tuple[list[Service], HAProxy]]:
     folder = tmp_path_factory.mktemp("page-fleet")
     tagged = [["--instance-tag", tag, "--trusted-proxies", "127.0.0.1", "--max-calls", "1"] for tag in TAGS]
-    with (
-        instances(folder, cluster.new_database(), tagged) as services,
-        HAProxy(folder, [s.port for s in services]) as proxy,
-    ):
-        yield services, proxy
-    assert [s.process.returncode for s in services if s.process] == [0, 0]
+    with behind_haproxy(folder, cluster.new_database(), tagged) as fleet:
+        yield fleet
 
 
 @pytest.fixture

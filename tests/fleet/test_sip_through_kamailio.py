@@ -21,7 +21,7 @@ from parley.bench.service import Service, metric_value
 from parley.bench.sip_caller import SipCaller
 from parley.bench.speech import espeak, trim
 from parley.engines.stt import SttEngine
-from tests.fleet.conftest import instances
+from tests.fleet.conftest import behind_kamailio
 from tests.fleet.kamailio import Kamailio
 from tests.peers.sipp import run_sipp
 from tests.postgres import PostgresCluster
@@ -43,12 +43,8 @@ def fleet(
     tmp_path_factory: pytest.TempPathFactory, cluster: PostgresCluster
 ) -> Iterator[tuple[list[Service], Kamailio]]:
     folder = tmp_path_factory.mktemp("fleet")
-    with (
-        instances(folder, cluster.new_database()) as services,
-        Kamailio(folder, [s.sip_port for s in services]) as proxy,
-    ):
-        yield services, proxy
-    assert [s.process.returncode for s in services if s.process] == [0, 0]
+    with behind_kamailio(folder, cluster.new_database()) as fleet:
+        yield fleet
 
 
 def holder(services: list[Service], call_id: str) -> int | None:
