@@ -25,11 +25,11 @@ yet, to an agent with tools that only look things up (`lookups`: side-effect fre
 answered by one of those lookups. A reply may say a few words before its call ("Let me check.", as the
 models behind endpoints do): its words are held, and go out with the call when it comes. One that ends,
 or begins a second sentence, with no call is stopped and asked again as a call to one of the lookups,
-held to their grammar. The small models know which tool
-and which argument when made to call (both packaged Qwen models: every order desk request tried), but
-decide badly whether to: they say "Sure, I'll look up your order." and stop, or give an order's status
-that nothing looked up ("Order 4712 is in transit."). A lookup a caller did not need costs a second;
-only tools without side effects are ever called this way.
+held to their grammar. The small models know which tool and which argument when made to call (both
+packaged Qwen models: every order desk request tried), but decide badly whether to: they say "Sure,
+I'll look up your order." and stop, or give an order's status that nothing looked up ("Order 4712 is in
+transit."). A lookup a caller did not need costs a second; only tools without side effects are ever
+called this way.
 """
 
 from __future__ import annotations
