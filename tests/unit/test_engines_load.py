@@ -51,7 +51,10 @@ def test_prepare_models_verifies_the_warm_cache(caplog: pytest.LogCaptureFixture
         prepare_models(Settings())
 
     ready = [r for r in caplog.records if r.getMessage() == "model_ready"]
-    assert [getattr(r, "engine", None) for r in ready] == ["vad", "stt", "llm", "tts"]
+    # `--llm-model auto` chooses by the agents it is started with: an image holds both of its models.
+    assert [getattr(r, "engine", None) for r in ready] == ["vad", "stt", "llm", "llm", "tts"]
+    llms = [str(getattr(r, "path", "")) for r in ready if getattr(r, "engine", None) == "llm"]
+    assert "qwen2.5-0.5b" in llms[0] and "qwen2.5-coder-1.5b" in llms[1], llms
 
 
 def test_device_resolution(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -128,17 +128,29 @@ def prepare_models(settings: Settings) -> None:
     step("stt", lambda: _prepare_stt(settings, cache_dir))
     if settings.llm_url:
         event(log, "model_ready", engine="llm", path=settings.llm_url, seconds=0.0)
-    elif (runtime := llm_runtime(settings, resolve_device(settings.device))) == "transformers":
-        step("llm", lambda: llm_hf_source(cache_dir, settings.local_llm()))
-    elif runtime == "llamacpp":
-        step("llm", lambda: llm_gguf(cache_dir, settings.local_llm(), full=True)[0])
     else:
-        step("llm", lambda: llm_ct2_dir(cache_dir, settings.local_llm(), full=True))
+        # `auto` chooses by the agent files the service is started with: both of its models are made
+        # ready (an image is built before anyone knows which agents it will run).
+        for model in dict.fromkeys((settings.local_llm(), settings.local_llm(tools=True))):
+            _prepare_llm(settings, cache_dir, model, step)
     step("tts", lambda: voice_files(settings.tts_voice)[0])
     if turn_model_path(settings) is not None:
         step("turn_end", lambda: load_turn_end(settings).model_path)
     if settings.denoise != "off":
         step("denoise", lambda: _loads_a_stream(settings.denoise))
+
+
+def _prepare_llm(
+    settings: Settings, cache_dir: Path, model: str, step: Callable[[str, Callable[[], object]], None]
+) -> None:
+    chosen = replace(settings, llm_model=model)
+    runtime = llm_runtime(chosen, resolve_device(settings.device))
+    if runtime == "transformers":
+        step("llm", lambda: llm_hf_source(cache_dir, model))
+    elif runtime == "llamacpp":
+        step("llm", lambda: llm_gguf(cache_dir, model, full=True)[0])
+    else:
+        step("llm", lambda: llm_ct2_dir(cache_dir, model, full=True))
 
 
 def _loads_a_stream(name: str) -> str:
