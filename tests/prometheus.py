@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -15,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
+from parley.bench.daemon import system_program
 from parley.bench.service import free_port
 from tests.daemon import Daemon
 
@@ -24,7 +24,7 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "parley.json"
 
 
 def binary(name: str) -> str:
-    found = shutil.which(name)
+    found = system_program(name)
     if found is None:
         raise FileNotFoundError(f"{name} not found: install Debian's prometheus (make install does)")
     return found

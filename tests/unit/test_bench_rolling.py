@@ -4,13 +4,13 @@ and HAProxy configs it renders from deploy/ (checked by the programs themselves 
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from parley.bench import fleet, rolling
+from parley.bench.daemon import system_program
 from parley.bench.rolling import Placed, Refusal, Schedule, Step, Tally
 from parley.cli import build_parser
 
@@ -197,8 +197,8 @@ def test_haproxy_s_config_names_as_many_instances_as_the_fleet_has_each_routed_b
     )
     with pytest.raises(fleet.FleetError, match="no longer names"):
         fleet.haproxy_config(deployed.replace("server p2", "server second"), 1, [1, 2])
-    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    if Path(haproxy).exists():
+    haproxy = system_program("haproxy")
+    if haproxy is not None:
         config = tmp_path / "haproxy.cfg"
         config.write_text(rendered)
         checked = subprocess.run(
@@ -221,7 +221,7 @@ def test_instances_are_tagged_as_haproxy_routes_them() -> None:
 async def test_without_kamailio_the_bench_says_so_before_it_starts_anything(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("parley.bench.fleet.shutil.which", lambda name, path=None: None)
+    monkeypatch.setattr("parley.bench.daemon.shutil.which", lambda name, path=None: None)
     logs = tmp_path / "logs"
     with pytest.raises(SystemExit, match=r"kamailio not found: scripts/install-system-packages\.sh"):
         await rolling.run(parse(f"--logs={logs}"))

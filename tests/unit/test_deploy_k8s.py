@@ -7,7 +7,6 @@ copies of shared configs are the deployed ones. The proxies run on those configs
 from __future__ import annotations
 
 import functools
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from parley.bench.daemon import system_program
 from parley.config import Settings
 from parley.settings_sources import load_settings
 from tests.unit.test_deploy import DEPLOY, PROMETHEUS
@@ -26,7 +26,7 @@ HEADLESS = "parley-pods"  # the StatefulSet's headless Service: every pod's DNS 
 
 def tool(name: str) -> str:
     """A program the checks run, from the PATH or where Debian puts it; the test is skipped without it."""
-    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin")
+    found = system_program(name)
     if found is None:
         pytest.skip(f"{name} is not installed")
     return found

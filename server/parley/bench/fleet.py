@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -21,14 +20,12 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from parley.bench.daemon import Daemon
+from parley.bench.daemon import Daemon, system_program
 from parley.bench.service import Service, free_port
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 KAMAILIO_CFG = Path("kamailio") / "kamailio.cfg"
 HAPROXY_CFG = Path("haproxy") / "haproxy.cfg"
-# Where Debian puts both daemons: outside the PATH of a user who is not root.
-SYSTEM_BINS = "/usr/sbin:/usr/local/sbin:/sbin"
 
 KAMAILIO_LISTEN = re.compile(r"^listen=(udp|tcp):0\.0\.0\.0:5060$", re.MULTILINE)
 HAPROXY_BIND = "bind 0.0.0.0:8080"
@@ -50,7 +47,7 @@ def instance_tag(index: int) -> str:
 
 
 def binary(name: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path=SYSTEM_BINS)
+    found = system_program(name)
     if found is None:
         raise FleetError(f"{name} not found: scripts/install-system-packages.sh installs Debian's {name}")
     return found
