@@ -219,15 +219,20 @@ def _arguments(arguments: Any) -> Any:
         return arguments
 
 
+def _calls_made(messages: list[Message]) -> Iterator[dict[str, Any]]:
+    """The `function` (name, arguments) of every tool call the conversation holds."""
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            yield call.get("function", {})
+
+
 def repeated_call(call: ToolCall, messages: list[Message]) -> bool:
     """Whether the conversation already holds `call`: the same tool with the same arguments (Qwen2.5-0.5B
     asked for the order it had just been told about, until the rounds ran out)."""
     asked = _arguments(call.arguments)
     return any(
-        earlier.get("function", {}).get("name") == call.name
-        and _arguments(earlier.get("function", {}).get("arguments")) == asked
-        for m in messages
-        for earlier in m.get("tool_calls") or ()
+        earlier.get("name") == call.name and _arguments(earlier.get("arguments")) == asked
+        for earlier in _calls_made(messages)
     )
 
 
@@ -237,13 +242,7 @@ def numbers_to_look_up(messages: list[Message], lookups: tuple[str, ...]) -> lis
     if not lookups:
         return []
     numbers = [n for n in digit_runs(Asked.of(messages).caller_said) if len(n) >= MIN_NUMBER_DIGITS]
-    given = digit_runs(
-        " ".join(
-            str(call.get("function", {}).get("arguments") or "")
-            for m in messages
-            for call in m.get("tool_calls") or ()
-        )
-    )
+    given = digit_runs(" ".join(str(call.get("arguments") or "") for call in _calls_made(messages)))
     return [number for number in numbers if not any(number in run for run in given)]
 
 
