@@ -10,7 +10,12 @@ from parley.bench.service import Service
 
 # WebRTC callers at once run in make test-all (the default suite's time budget): its media path is
 # churned by tests/robustness/test_leaks.py and each WebRTC call's answer by the integration tests.
-@pytest.mark.parametrize("transport", [pytest.param("webrtc", marks=pytest.mark.slow), "sip"])
+# Both in make test-all, for the default suite's margin under 12 minutes: callers at once are also
+# run through Kamailio (tests/fleet: four SIP callers, four baresip phones) and over carrier streams
+# (twenty callers); in make test, concurrent callers share each engine in the unit tests (test_engines_stt,
+# test_engines_llm, test_vad_batching).
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["webrtc", "sip"])
 async def test_three_simultaneous_callers_each_get_the_reply_to_their_own_question(
     service: Service, transport: str
 ) -> None:
