@@ -17,6 +17,7 @@ from parley.config import Settings
 from parley.engines.llm import Message
 from parley.engines.toolcalls import ToolCall
 from parley.pipeline.reply_guard import (
+    MAX_WORDS_BEFORE_CALL,
     NUDGE,
     Asked,
     OpeningCheck,
@@ -369,3 +370,28 @@ def test_words_before_the_lookup_go_out_with_it() -> None:
     given = list(guarded_stream(llm, question, lambda: False, ORDER_TOOLS, lookups=LOOKUPS))
     assert "".join(str(d) for d in given if not isinstance(d, ToolCall)).strip() == "Let me check."
     assert given[-1] == LOOKED_UP and len(llm.prompts) == 1
+
+
+class _Counted(list[str | ToolCall]):
+    """A scripted model turn that counts the items the guard read of it."""
+
+    read = 0
+
+    def __iter__(self) -> Iterator[str | ToolCall]:
+        for item in super().__iter__():
+            self.read += 1
+            yield item
+
+
+def test_a_long_answer_that_nothing_looked_up_is_stopped_after_an_acknowledgements_length() -> None:
+    # Qwen2.5-Coder-1.5B wrote a status of ~3 s on 2 cores before its sentence ended: the caller waited
+    # all of it for the lookup that came after.
+    made_up = _Counted(words(
+        "Your order number 4712 has been shipped from our warehouse yesterday afternoon and it should "
+        "be arriving at your address by next Monday at the latest."
+    ))  # fmt: skip
+    llm = ScriptedLlm(token_s=0.0, script=[made_up, [LOOKED_UP]])
+    question = ask("Where is my order? The number is 4712.")
+    assert list(guarded_stream(llm, question, lambda: False, ORDER_TOOLS, lookups=LOOKUPS)) == [LOOKED_UP]
+    assert made_up.read == MAX_WORDS_BEFORE_CALL + 1
+    assert llm.calls_allowed == [True, LOOKUPS]

@@ -24,7 +24,8 @@ And the other way round: a caller who gives a number (three digits or more) that
 yet, to an agent with tools that only look things up (`lookups`: side-effect free, with parameters), is
 answered by one of those lookups. A reply may say a few words before its call ("Let me check.", as the
 models behind endpoints do): its words are held, and go out with the call when it comes. One that ends,
-or begins a second sentence, with no call is stopped and asked again as a call to one of the lookups,
+begins a second sentence or runs past an acknowledgement's length with no call is stopped and asked
+again as a call to one of the lookups,
 held to their grammar. The small models know which tool and which argument when made to call (both
 packaged Qwen models: every order desk request tried), but decide badly whether to: they say "Sure,
 I'll look up your order." and stop, or give an order's status that nothing looked up ("Order 4712 is in
@@ -60,6 +61,10 @@ SUSPECT_OPENINGS = (
 )  # fmt: skip
 # Held this long with no end to its first sentence, the opening is judged as it stands.
 MAX_HELD_WORDS = 30
+# While a lookup is due, words before a call longer than an acknowledgement ("Sure, let me look that up
+# for you.") are an answer that nothing looked up: Qwen2.5-Coder-1.5B wrote one of ~3 s on 2 cores
+# before the sentence ended, all of it a wait for a caller whose reply was to be a lookup.
+MAX_WORDS_BEFORE_CALL = 12
 
 _MACHINE = "(ai|language model|chatbot|bot|computer program)"
 _NOT_ABLE = r"(can't|cannot|can not|unable to|not able to|won't be able to|will not be able to)"
@@ -246,6 +251,11 @@ def numbers_to_look_up(messages: list[Message], lookups: tuple[str, ...]) -> lis
     return [number for number in numbers if not any(number in run for run in given)]
 
 
+def _past_an_acknowledgement(words: str) -> bool:
+    """Whether a reply's words before its call have gone on past a short first sentence."""
+    return len(split_sentences(words)) > 1 or len(words.split()) > MAX_WORDS_BEFORE_CALL
+
+
 def guarded_stream(
     llm: LlmEngine,
     messages: list[Message],
@@ -272,7 +282,7 @@ def guarded_stream(
             decision: Decision = "speak"
             if not isinstance(delta, ToolCall) and due:
                 words_before_call += delta
-                decision = "not_looked_up" if len(split_sentences(words_before_call)) > 1 else "hold"
+                decision = "not_looked_up" if _past_an_acknowledgement(words_before_call) else "hold"
             elif not isinstance(delta, ToolCall):
                 decision = check.push(delta)
             elif invented_number(delta, messages, tools):
