@@ -157,13 +157,13 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Turn revisions and reopen outcomes",
                 "A pause then more speech: reopen candidates confirmed (the turn was revised), cancelled "
-                "(a blip) or timed out; and turns whose transcript stopped mid-sentence, their reply held "
-                "longer in case the caller goes on.",
+                "(a blip) or timed out; and turns whose transcript stopped mid-sentence or mid-number, their "
+                "reply held longer in case the caller goes on.",
                 "cps",
                 (
                     rate("parley_turn_revisions_total", legend="revisions"),
                     rate("parley_reopen_candidates_total", "outcome", "reopen {{outcome}}"),
-                    rate("parley_unfinished_holds_total", legend="held mid-sentence"),
+                    rate("parley_unfinished_holds_total", legend="held mid-sentence or mid-number"),
                 ),
             ),
             Panel(

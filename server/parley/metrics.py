@@ -88,8 +88,8 @@ TURN_END_VERDICTS_TOTAL = Counter(
 )
 UNFINISHED_HOLDS_TOTAL = Counter(
     "parley_unfinished_holds_total",
-    "Turns whose transcript stopped mid-sentence ('... a table for'): their reply held longer, in case the "
-    "caller goes on",
+    "Turns whose transcript stopped mid-sentence ('... a table for') or mid-number ('... number is 47.'): "
+    "their reply held longer, in case the caller goes on",
     registry=REGISTRY,
 )
 SPECULATIVE_REPLIES_TOTAL = Counter(

@@ -98,6 +98,16 @@ DEFAULT_UNFINISHED_WORDS = (
 )
 
 
+# A turn that ends on a short group of digits and names one of these is likely a number read out in parts
+# ("The order number is four seven ... one two"): its reply is held like an unfinished sentence's
+# (pipeline/unfinished.py). English, like the words above.
+DEFAULT_NUMBER_WORDS = (
+    "number", "code", "order", "account", "card", "phone", "mobile", "reference", "id", "zip", "postcode",
+    "pin", "confirmation", "ticket", "booking", "tracking", "member", "membership", "policy", "invoice",
+    "digits", "extension", "serial", "case",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class TurnSettings:
     vad_threshold: float = field(
@@ -158,6 +168,14 @@ class TurnSettings:
         default=DEFAULT_UNFINISHED_WORDS,
         metadata=_opt(
             "last words that leave a sentence unfinished: 'to', 'for', 'the', 'and', 'um'...", "turns"
+        ),
+    )
+    number_words: tuple[str, ...] = field(
+        default=DEFAULT_NUMBER_WORDS,
+        metadata=_opt(
+            "words that name a number being read out ('number', 'order', 'account'...): a turn that names "
+            "one and ends on a group of up to three digits is held like an unfinished sentence",
+            "turns",
         ),
     )
     reopen_unheard_ms: int = field(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -12,8 +13,8 @@ from parley.call import Call
 from parley.config import Settings
 from parley.pipeline.reopening import ReopenWindow
 from parley.pipeline.turns import SpeculativeTurnTracker
-from parley.pipeline.unfinished import hold_until, looks_unfinished
-from parley.turn_settings import DEFAULT_UNFINISHED_WORDS
+from parley.pipeline.unfinished import hold_until, looks_unfinished, reads_a_number_in_part
+from parley.turn_settings import DEFAULT_NUMBER_WORDS, DEFAULT_UNFINISHED_WORDS
 from tests.doubles import ScriptedLlm, ScriptedStt, loud, make_engines, quiet
 from tests.unit.test_call import RATE, on_a_line
 
@@ -63,11 +64,43 @@ def test_the_list_is_the_settings_own() -> None:
     assert not looks_unfinished("I would like to book a table for", ("pour",))
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Where is my order? The number is 47.",
+        "My phone number is 503-555.",
+        "The account number is four seven.",  # digit words, as Whisper sometimes writes them
+        "It's order 12, 34",
+        "My booking reference is 7 3.",
+    ],
+)
+def test_a_number_read_out_in_part_is_held(text: str) -> None:
+    assert reads_a_number_in_part(text, DEFAULT_NUMBER_WORDS)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Where is my order? The number is 4712.",  # one longer figure: taken as whole
+        "My phone number is 503 555 0198.",
+        "A table for 2, please.",  # no number named
+        "I'm 47.",
+        "Can I order the red one?",  # a lone digit word
+        "What is my order number?",
+        "",
+    ],
+)
+def test_a_whole_number_or_none_is_not(text: str) -> None:
+    assert not reads_a_number_in_part(text, DEFAULT_NUMBER_WORDS)
+
+
 def test_the_hold_runs_from_the_end_of_the_turn() -> None:
     settings = Settings(end_of_turn_ms=250, unfinished_hold_ms=1000)
     assert hold_until("Book a table for", 100.0, settings) == pytest.approx(101.25)
     assert hold_until("Book a table for two.", 100.0, settings) == 0.0
     assert hold_until("Book a table for", 100.0, Settings(unfinished_hold_ms=0)) == 0.0
+    assert hold_until("The order number is 47.", 100.0, settings) == pytest.approx(101.25)
+    assert hold_until("The order number is 47.", 100.0, Settings(number_words=("ticket",))) == 0.0
 
 
 def test_a_held_revision_is_not_settled_until_its_hold_is_over() -> None:
@@ -101,14 +134,24 @@ def _half_then_whole(seconds: float) -> str:
     return "I would like to book a table for" if seconds < 1.5 else "I would like to book a table for two"
 
 
-def _ask_with_a_long_pause(hold_ms: int) -> tuple[list[dict[str, object]], bool]:
-    """A question paused for 1 s after "for": longer than the end of turn and grace together (0.6 s),
-    with no unheard window to fall back on. Returns the events, and whether reply audio played in the
-    pause."""
+def _number_in_two_parts(seconds: float) -> str:
+    if seconds < 0.25:
+        return ""
+    return (
+        "Where is my order? The number is 47." if seconds < 1.5 else "Where is my order? The number is 4712."
+    )
+
+
+def _ask_with_a_long_pause(
+    hold_ms: int, said: Callable[[float], str] = _half_then_whole
+) -> tuple[list[dict[str, object]], bool]:
+    """A question paused for 1 s after "for" (or another first half `said`): longer than the end of turn
+    and grace together (0.6 s), with no unheard window to fall back on. Returns the events, and whether
+    reply audio played in the pause."""
     settings = Settings(
         greeting="", end_of_turn_ms=300, reopen_grace_ms=300, reopen_unheard_ms=0, unfinished_hold_ms=hold_ms
     )
-    engines = make_engines(llm=ScriptedLlm(token_s=0.02), stt=ScriptedStt(_half_then_whole))
+    engines = make_engines(llm=ScriptedLlm(token_s=0.02), stt=ScriptedStt(said))
     call = Call("c-unfinished", "test", settings, engines, outbound_rate=RATE)
     with on_a_line(call) as line:
         line.say(loud(600))
@@ -131,6 +174,15 @@ def test_a_caller_who_pauses_after_for_gets_one_reply_to_the_whole_question() ->
     assert len([e for e in events if e["type"] == "agent_done"]) == 1
     assert not heard_in_pause
     assert metrics.UNFINISHED_HOLDS_TOTAL._value.get() > holds
+
+
+def test_a_caller_who_pauses_inside_the_order_number_gets_one_reply_to_all_of_it() -> None:
+    events, heard_in_pause = _ask_with_a_long_pause(hold_ms=1500, said=_number_in_two_parts)
+    said = [e for e in events if e["type"] == "user_transcript"]
+    assert said[-1]["text"] == "Where is my order? The number is 4712."
+    assert said[-1]["revision"] == 1
+    assert len([e for e in events if e["type"] == "agent_done"]) == 1
+    assert not heard_in_pause
 
 
 @pytest.mark.slow  # the contrast to the test above; make test-all runs it

@@ -17,13 +17,20 @@ questions ("Where are you from?", "What is the weather like?") and are not on th
 the VAD does not hear as speech ("a story about | the ...") leaves the word before it last. The
 list (`DEFAULT_UNFINISHED_WORDS`, turn_settings.py) is English; `--unfinished-words` sets another, and
 `--unfinished-hold-ms 0` turns the hold off.
+
+A number read out in parts is held the same way. Callers read an order or phone number in groups and
+pause between them ("The number is four seven ... one two"); Whisper writes the first part as a whole
+sentence ("The number is 47."), and a reply to it looks up the wrong number. A turn is held when it
+names what the number is (`--number-words`: "number", "order", "account", "phone"...) and ends on a
+group of at most three digits: in figures, or two or more digit words. A number said as one longer
+figure ("4712") is taken as whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from parley.text import normalise_words
+from parley.text import DIGIT_WORDS, normalise_words
 from parley.turn_settings import TurnSettings
 
 # A question that opens with one of these may end on its preposition ("Who are you talking to?", "What
@@ -32,6 +39,7 @@ from parley.turn_settings import TurnSettings
 WH_WORDS = frozenset(("what", "who", "whom", "which", "where"))
 STRANDABLE = frozenset(("to", "for", "with", "about", "of"))
 WH_WITHIN = 3  # the wh-word among the first words ("So, who are you talking to?")
+GROUP_DIGITS = 3  # a number's group of at most this many digits may be followed by more ("503 555 ...")
 
 
 def looks_unfinished(text: str, words: Iterable[str]) -> bool:
@@ -46,15 +54,44 @@ def looks_unfinished(text: str, words: Iterable[str]) -> bool:
     return not (said[-1] in STRANDABLE and WH_WORDS.intersection(said[:WH_WITHIN]))
 
 
+def reads_a_number_in_part(text: str, number_words: Iterable[str]) -> bool:
+    """Whether a transcript names a number being given and stops on a short group of its digits: "My
+    order number is 47." and "The phone number is five oh three, five five five" are; "My order number
+    is 4712.", "A table for 2." and "I'll take the red one." are not."""
+    said = normalise_words(text).split()
+    if not {word.lower() for word in number_words}.intersection(said):
+        return False
+    group = _last_digit_group(said)
+    return 0 < len(group) <= GROUP_DIGITS
+
+
+def _last_digit_group(said: list[str]) -> str:
+    """The digits the words end on: the last figure, or the digit words said in a row at the end (two or
+    more: a lone "one" or "oh" is seldom a number read out)."""
+    if said and said[-1].isdigit():
+        return said[-1]
+    spoken = ""
+    for word in reversed(said):
+        if word not in DIGIT_WORDS:
+            break
+        spoken = DIGIT_WORDS[word] + spoken
+    return spoken if len(spoken) >= 2 else ""
+
+
 def _last_word(text: str) -> str:
     words = text.replace("...", " ").split()
     return words[-1].strip(".,!?;:…\"'") if words else ""
 
 
 def hold_until(text: str, speech_end: float, settings: TurnSettings) -> float:
-    """When a reply to `text` may first be heard, by this rule: 0.0 when it does not hold it (the turn's
+    """When a reply to `text` may first be heard, by these rules: 0.0 when it does not hold it (the turn's
     grace alone decides), else `unfinished_hold_ms` after the turn ended (`speech_end`: when its speech
     did, on time.monotonic()'s clock)."""
-    if settings.unfinished_hold_ms <= 0 or not looks_unfinished(text, settings.unfinished_words):
+    if settings.unfinished_hold_ms <= 0:
+        return 0.0
+    if not (
+        looks_unfinished(text, settings.unfinished_words)
+        or reads_a_number_in_part(text, settings.number_words)
+    ):
         return 0.0
     return speech_end + (settings.end_of_turn_ms + settings.unfinished_hold_ms) / 1000
