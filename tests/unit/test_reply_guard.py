@@ -395,3 +395,21 @@ def test_a_long_answer_that_nothing_looked_up_is_stopped_after_an_acknowledgemen
     assert list(guarded_stream(llm, question, lambda: False, ORDER_TOOLS, lookups=LOOKUPS)) == [LOOKED_UP]
     assert made_up.read == MAX_WORDS_BEFORE_CALL + 1
     assert llm.calls_allowed == [True, LOOKUPS]
+
+
+def test_a_lookup_of_a_piece_of_the_callers_number_is_asked_again_with_all_of_it() -> None:
+    # Whisper wrote a pause inside "four seven ... one two" as "47. 1,2.", and Qwen2.5-Coder-1.5B looked
+    # up order 47.
+    llm = ScriptedLlm(token_s=0.0, script=[[call_of("lookup_order", '{"number": "47"}')], [LOOKED_UP]])
+    question = ask("Where's my order? The number is 47. 1,2.")
+    before = regenerated("not_looked_up")
+    assert list(guarded_stream(llm, question, lambda: False, ORDER_TOOLS, lookups=LOOKUPS)) == [LOOKED_UP]
+    assert regenerated("not_looked_up") == before + 1
+    assert llm.prompts[1][-1] == {"role": "system", "content": "The caller's number, in figures: 4712."}
+
+
+def test_a_lookup_with_the_whole_number_and_a_small_one_beside_it_goes_out() -> None:
+    both = call_of("lookup_order", '{"number": "4712", "line": "4"}')
+    llm = ScriptedLlm(token_s=0.0, script=[[both]])
+    question = ask("Where is my order? The number is 4712.")
+    assert list(guarded_stream(llm, question, lambda: False, ORDER_TOOLS, lookups=LOOKUPS)) == [both]

@@ -25,12 +25,12 @@ yet, to an agent with tools that only look things up (`lookups`: side-effect fre
 answered by one of those lookups. A reply may say a few words before its call ("Let me check.", as the
 models behind endpoints do): its words are held, and go out with the call when it comes. One that ends,
 begins a second sentence or runs past an acknowledgement's length with no call is stopped and asked
-again as a call to one of the lookups,
-held to their grammar. The small models know which tool and which argument when made to call (both
-packaged Qwen models: every order desk request tried), but decide badly whether to: they say "Sure,
-I'll look up your order." and stop, or give an order's status that nothing looked up ("Order 4712 is in
-transit."). A lookup a caller did not need costs a second; only tools without side effects are ever
-called this way.
+again as a call to one of the lookups, held to their grammar; so is a call that carries only a piece of
+the number ("47" of "47. 1,2.", Whisper's writing of a pause inside it). The small models know which
+tool and which argument when made to call (both packaged Qwen models: every order desk request tried),
+but decide badly whether to: they say "Sure, I'll look up your order." and stop, or give an order's
+status that nothing looked up ("Order 4712 is in transit."). A lookup a caller did not need costs a
+second; only tools without side effects are ever called this way.
 """
 
 from __future__ import annotations
@@ -205,11 +205,14 @@ def nudged(messages: list[Message]) -> list[Message]:
     return [*messages, {"role": "system", "content": NUDGE}]
 
 
+def _arguments_text(call: ToolCall) -> str:
+    return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+
+
 def invented_number(call: ToolCall, messages: list[Message], tools: Tools | None) -> bool:
     """Whether `call`'s arguments carry a number that no instruction, tool, tool result or caller's words
     in `messages` holds (the model's own earlier replies do not count)."""
-    arguments = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
-    numbers = [n for n in re.findall(r"\d+", arguments) if len(n) >= MIN_NUMBER_DIGITS]
+    numbers = [n for n in re.findall(r"\d+", _arguments_text(call)) if len(n) >= MIN_NUMBER_DIGITS]
     if not numbers:
         return False
     known = [str(m.get("content") or "") for m in messages if m.get("role") != "assistant"]
@@ -239,6 +242,15 @@ def repeated_call(call: ToolCall, messages: list[Message]) -> bool:
         earlier.get("name") == call.name and _arguments(earlier.get("arguments")) == asked
         for earlier in _calls_made(messages)
     )
+
+
+def gives_part_of(call: ToolCall, due: list[str]) -> bool:
+    """Whether `call` carries a piece of a number due to be looked up and not the whole of it: Whisper
+    wrote a caller's pause inside "four seven ... one two" as "47. 1,2.", and Qwen2.5-Coder-1.5B looked
+    up order 47."""
+    given = re.findall(r"\d+", _arguments_text(call))
+    whole = any(number in run for number in due for run in given)
+    return not whole and any(run in number for number in due for run in given)
 
 
 def numbers_to_look_up(messages: list[Message], lookups: tuple[str, ...]) -> list[str]:
@@ -285,6 +297,8 @@ def guarded_stream(
                 decision = "not_looked_up" if _past_an_acknowledgement(words_before_call) else "hold"
             elif not isinstance(delta, ToolCall):
                 decision = check.push(delta)
+            elif due and gives_part_of(delta, due):
+                decision = "not_looked_up"
             elif invented_number(delta, messages, tools):
                 decision = "invented_number"
             elif repeated_call(delta, messages):
