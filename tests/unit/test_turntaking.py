@@ -405,3 +405,35 @@ def test_a_quiet_gap_between_words_does_not_end_the_turn(setup) -> None:  # type
         feed_chunk(taker, tone(-20), 0.9, 320)
         feed_chunk(taker, tone(-80), 0.9, 96)  # a stop's closure, a breath between words
     assert control.ended == [] and taker.mode is Mode.SPEAKING
+
+
+SAMPLES_PER_MS = CHUNK.size / CHUNK_MS
+
+
+def test_a_long_pause_inside_a_reopened_turn_is_shortened_to_a_preroll_for_whisper() -> None:
+    # Whisper wrote a 900 ms pause inside "four seven ... one two" as "47. 1,2," and went on counting.
+    taker, control, tracker = short_grace()
+    close_a_turn_and_outlive_its_grace(taker, tracker)
+    feed(taker, 0.0, 960)  # the pause: nothing in it is speech
+    feed(taker, 0.9, 320)
+    feed(taker, 0.0, 320)
+    (_, _, first), (_, revision, second) = control.ended
+    assert revision == 1
+    added_ms = (second - first) / SAMPLES_PER_MS
+    preroll_ms = Settings().preroll_ms
+    assert 320 + 320 <= added_ms <= preroll_ms + 320 + 320 + CHUNK_MS  # not the 960 ms pause
+
+
+def test_what_was_heard_in_the_pause_stays_in_the_reopened_turn() -> None:
+    # A blip too short to reopen the turn ("one", said softly) may be a word: from the first speech heard
+    # after the turn closed, nothing is dropped.
+    taker, control, tracker = short_grace()
+    close_a_turn_and_outlive_its_grace(taker, tracker)
+    feed(taker, 0.0, 640)
+    feed(taker, 0.9, 96)
+    feed(taker, 0.0, 320)  # a blip: the candidate is cancelled
+    feed(taker, 0.9, 320)
+    feed(taker, 0.0, 320)
+    (_, _, first), (_, revision, second) = control.ended
+    assert revision == 1
+    assert (second - first) / SAMPLES_PER_MS >= 96 + 320 + 320 + 320

@@ -117,3 +117,12 @@ class ClosedTurn:
     audio: np.ndarray
     closed_at: float  # when the chunk that closed it arrived
     tail: list[np.ndarray] = field(default_factory=list)  # everything heard since it closed
+    first_onset: int | None = None  # where in `tail` speech was first heard
+
+    def resumed_audio(self, lead_in: int) -> list[np.ndarray]:
+        """The turn's audio and what followed it, for a revision that reopens it: the silence before the
+        first speech since it closed shortened to `lead_in` chunks, as a new turn's preroll is. Whisper
+        wrote a caller's 900 ms pause inside "four seven ... one two" as "47. 1,2," and went on
+        counting ("1,2,3.", "1,2, 3, 4, 4,"); nothing in that silence was speech."""
+        start = 0 if self.first_onset is None else max(0, self.first_onset - lead_in)
+        return [self.audio, *self.tail[start:]]

@@ -172,6 +172,8 @@ class TurnTaker:
         self._preroll.clear()
         closed = self._closed
         if closed is not None:
+            if closed.first_onset is None and closed.tail:
+                closed.first_onset = len(closed.tail) - 1  # this chunk, taken into the tail already
             unheard = self._unheard_window_left(closed, arrived_at)
             candidate = self.reopen.begin(closed.turn_id, closed.revision, unheard=unheard)
             if candidate is not None:
@@ -241,7 +243,7 @@ class TurnTaker:
                 metrics.TURN_REVISIONS_TOTAL.inc()
                 self.control.reopen_confirmed(closed.turn_id, closed.revision, candidate)
                 # The tail already holds the new speech: the revision hears the whole utterance once.
-                self._open_turn(closed.turn_id, candidate, [closed.audio, *closed.tail])
+                self._open_turn(closed.turn_id, candidate, closed.resumed_audio(self._preroll.maxlen or 1))
                 return
             # Too late to reopen (committed meanwhile): this speech is a turn of its own.
             metrics.REOPEN_CANDIDATES_TOTAL.labels(outcome="timeout").inc()
