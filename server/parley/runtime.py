@@ -19,6 +19,7 @@ from typing import Any
 from parley import metrics
 from parley.agent.agentfile import Agent, load_agents
 from parley.agent.events import CallEvents, EventOutbox
+from parley.agent.opening import opening_of
 from parley.agent.tools import ToolRunner
 from parley.analysis.analyses import CallAnalyses
 from parley.answering import AmdRecords
@@ -194,7 +195,10 @@ class Runtime:
 
     async def _load(self) -> None:
         try:
-            self.engines = await asyncio.to_thread(load_engines, self.settings)
+            # The default agent's opening: most calls are its (another agent's shares the manners).
+            default = next(iter(self.agents.values()))
+            opening = opening_of(default, manners=self.settings.phone_manners)
+            self.engines = await asyncio.to_thread(load_engines, self.settings, opening)
             metrics.MODELS_READY.set(1)
             event(log, "ready")
         except Exception as exc:

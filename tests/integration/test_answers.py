@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from parley.agent.agentfile import load_agent_file
 from parley.agent.manners import prompt_start
+from parley.agent.opening import default_opening, opening_of
 from parley.bench.answer_sets import QUESTIONS, Question
 from parley.bench.answers import spoken_reply
 from parley.bench.verdicts import is_right, shapes
@@ -25,7 +28,7 @@ RIGHT_AT_LEAST = 14
 
 @pytest.fixture(scope="module")
 def llm() -> LlmEngine:
-    return load_llm(Settings(), prompt=Settings())
+    return load_llm(Settings(), opening=default_opening(Settings()))
 
 
 def test_the_default_model_answers_most_plain_questions_right(llm: LlmEngine) -> None:
@@ -80,7 +83,9 @@ def test_the_book_question_of_the_readme_gets_a_book_not_a_refusal_or_condolence
 
 def test_the_phone_manners_and_examples_are_read_once_at_load_not_by_each_call() -> None:
     settings = Settings(phone_manners=True)
-    engine = load_llm(settings, prompt=settings)  # reads the manners, examples, default prompt and greeting
+    engine = load_llm(
+        settings, opening=default_opening(settings)
+    )  # reads the manners, examples, default prompt and greeting
     assert isinstance(engine, LlamaCppLlm)
     try:
         prefix = len(engine._chat.prompt_ids(prompt_start("", manners=True), reply=False))
@@ -96,5 +101,25 @@ def test_the_phone_manners_and_examples_are_read_once_at_load_not_by_each_call()
         kept, read = kept_and_read()
         assert kept - kept_before >= prefix
         assert read - read_before < 60
+    finally:
+        engine.close()
+
+
+def test_an_agent_files_prompt_and_tools_are_read_at_load_not_by_its_first_call() -> None:
+    # Without it, the order desk's first call read its prompt and tools first: ~2 s on Qwen2.5-Coder-1.5B.
+    agent = load_agent_file(Path(__file__).parents[2] / "examples" / "agents" / "orders.toml")
+    opening = opening_of(agent, manners=False)
+    assert opening.tools and {t["function"]["name"] for t in opening.tools} >= {"lookup_order", "end_call"}
+    engine = load_llm(Settings(), opening=opening)
+    assert isinstance(engine, LlamaCppLlm)
+    try:
+        prefix = len(engine._chat.prompt_ids(opening.messages, opening.tools, reply=False))
+        kept_before, read_before = kept_and_read()
+        question = [*opening.messages, {"role": "user", "content": "Where is my order? The number is 4712."}]
+        replied = list(engine.stream(question, lambda: False, opening.tools))
+        kept, read = kept_and_read()
+        assert replied
+        assert kept - kept_before >= prefix > 300  # the prompt and the tools' descriptions
+        assert read - read_before < 40  # the question and the template's tokens around it
     finally:
         engine.close()

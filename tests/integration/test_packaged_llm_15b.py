@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from parley.agent.opening import default_opening
 from parley.config import DEFAULT_GREETING, DEFAULT_SYSTEM_PROMPT, Settings
 from parley.engines import prepare_models
 from parley.engines.cache import llm_gguf, verify_folder
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LlamaCppLlm]:
     settings = Settings(llm_model=MODEL, llm_max_batch=1)
-    engine = load_llm(settings, prompt=settings)
+    engine = load_llm(settings, opening=default_opening(settings))
     assert isinstance(engine, LlamaCppLlm)  # the runtime `auto` picks for a packaged model on a CPU
     yield engine
     engine.close()

@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from parley.agent.opening import default_opening
 from parley.config import Settings
 from parley.engines.llm import LlmEngine, Message
 from parley.engines.llm_loading import load_llm
@@ -71,7 +72,7 @@ SYSTEM = (
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LlmEngine]:
     settings = Settings(llm_runtime="llamacpp", llm_max_tokens=96)
-    engine = load_llm(settings, prompt=settings)
+    engine = load_llm(settings, opening=default_opening(settings))
     yield engine
     close = getattr(engine, "close", None)
     if callable(close):

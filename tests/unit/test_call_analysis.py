@@ -17,6 +17,7 @@ import pytest
 from parley import metrics
 from parley.agent.agentfile import Agent, AgentFileError, load_agent_file
 from parley.agent.analysis_spec import AnalysisSpec
+from parley.agent.opening import default_opening
 from parley.analysis import prompts
 from parley.analysis.analyses import CallAnalyses
 from parley.analysis.analyst import Analyst
@@ -345,7 +346,9 @@ def test_work_of_no_live_call_takes_no_live_conversation_s_cells() -> None:
 @pytest.fixture(scope="module")
 def local_llm() -> Iterator[LlamaCppLlm]:
     settings = Settings(llm_runtime="llamacpp")
-    engine = load_llm(settings, prompt=settings)  # the service's default model, from the cache
+    engine = load_llm(
+        settings, opening=default_opening(settings)
+    )  # the service's default model, from the cache
     assert isinstance(engine, LlamaCppLlm)
     yield engine
     engine.close()

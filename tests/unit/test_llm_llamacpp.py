@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from parley import metrics
+from parley.agent.opening import default_opening
 from parley.config import DEFAULT_GREETING, DEFAULT_SYSTEM_PROMPT, Settings
 from parley.engines.cache import CacheError, llm_gguf, verify_folder
 from parley.engines.compute_load import COMPUTE
@@ -32,7 +33,7 @@ ROME: list[Message] = [
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LlamaCppLlm]:
     settings = Settings(llm_runtime="llamacpp", llm_max_tokens=24)
-    engine = load_llm(settings, prompt=settings)
+    engine = load_llm(settings, opening=default_opening(settings))
     assert isinstance(engine, LlamaCppLlm)
     yield engine
     engine.close()
@@ -411,7 +412,7 @@ def test_a_prompt_longer_than_a_conversation_can_hold_is_refused(llm: LlamaCppLl
 
 def test_the_system_prompt_is_read_at_load_and_the_engine_closes_cleanly() -> None:
     settings = Settings(llm_runtime="llamacpp", llm_model="smollm2-135m", llm_max_tokens=8)
-    engine = load_llm(settings, prompt=settings)
+    engine = load_llm(settings, opening=default_opening(settings))
     assert isinstance(engine, LlamaCppLlm)
     system_tokens = len(engine._chat.prompt_ids(HELLO[:1], reply=False))
     kept_before, _ = kept_and_read()

@@ -70,8 +70,8 @@ def test_the_list_is_the_settings_own() -> None:
         "Where is my order? The number is 47.",
         "My phone number is 503-555.",
         "The account number is four seven.",  # digit words, as Whisper sometimes writes them
-        "It's order 12, 34",
         "My booking reference is 7 3.",
+        "The code is five oh three.",
     ],
 )
 def test_a_number_read_out_in_part_is_held(text: str) -> None:
@@ -83,6 +83,8 @@ def test_a_number_read_out_in_part_is_held(text: str) -> None:
     [
         "Where is my order? The number is 4712.",  # one longer figure: taken as whole
         "My phone number is 503 555 0198.",
+        "What is the status of order 1, 2, 3, 4?",  # read digit by digit, all of it
+        "My account number is 12 34 56.",
         "A table for 2, please.",  # no number named
         "I'm 47.",
         "Can I order the red one?",  # a lone digit word

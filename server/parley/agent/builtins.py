@@ -19,6 +19,26 @@ class LineActions(Protocol):
     def send_dtmf(self, digits: str) -> None: ...
 
 
+class _NoLine:
+    """The built-ins as an LLM is offered them, with no call to act on (`offered_tools`): rendering a
+    tool's description never runs it."""
+
+    def end_after_reply(self) -> None:
+        raise RuntimeError("no call to end")
+
+    def transfer(self, destination: str) -> None:
+        raise RuntimeError("no call to transfer")
+
+    def send_dtmf(self, digits: str) -> None:
+        raise RuntimeError("no call to send keys on")
+
+
+def offered_tools(agent: Agent) -> list[dict[str, Any]]:
+    """The tools the LLM is offered in each of `agent`'s calls, as it is offered them: the agent's own,
+    then the built-ins it enables (pipeline/replying.py's order)."""
+    return [spec.as_openai() for spec in [*agent.tools, *builtin_tools(agent, _NoLine())]]
+
+
 def builtin_tools(agent: Agent, actions: LineActions) -> list[ToolSpec]:
     tools: list[ToolSpec] = []
     enabled = agent.builtins

@@ -28,6 +28,7 @@ import numpy as np
 
 from parley.agent.agentfile import Agent, default_agent, load_agent_file
 from parley.agent.manners import prompt_start
+from parley.agent.opening import default_opening
 from parley.agent_settings import AgentSettings
 from parley.bench import percentiles, progress, settings_from_flags
 from parley.bench.answer_sets import SETS, Question, QuestionSet
@@ -171,7 +172,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     flags = [*args.server_arg, *([f"--llm-model={args.llm_model}"] if args.llm_model else [])]
     settings = settings_from_flags(flags)
     started = time.perf_counter()
-    llm = load_llm(settings, prompt=settings)
+    llm = load_llm(settings, opening=default_opening(settings))
     load_s = time.perf_counter() - started
     rows = []
     try:

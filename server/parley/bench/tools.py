@@ -20,6 +20,7 @@ from typing import Any
 
 import jsonschema
 
+from parley.agent.opening import default_opening
 from parley.bench import percentiles, progress
 from parley.config import Settings
 from parley.engines.llm import Message
@@ -125,7 +126,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         overrides["llm_model"] = args.llm_model
     settings = Settings(**overrides)
     settings = dataclasses.replace(settings, llm_model=settings.local_llm(tools=True))
-    llm = load_llm(settings, prompt=settings)
+    llm = load_llm(settings, opening=default_opening(settings))
     rows: list[dict[str, Any]] = []
     for _ in range(args.rounds):
         for question, tool, expected in CASES:

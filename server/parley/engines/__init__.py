@@ -21,7 +21,7 @@ from parley.engines.cache import llm_ct2_dir, llm_gguf, llm_hf_source
 from parley.engines.denoise import Denoiser, load_denoiser
 from parley.engines.denoise_workers import DenoiseWorkers
 from parley.engines.device import resolve_device, single_threaded_blas
-from parley.engines.llm import LlmEngine
+from parley.engines.llm import LlmEngine, Opening
 from parley.engines.llm_loading import llm_runtime, load_llm
 from parley.engines.stt import SttEngine, load_stt
 from parley.engines.tts import TtsEngine, load_tts, voice_files
@@ -78,17 +78,17 @@ def _timed(kind: str, settings: Settings, load: Callable[[Settings], T]) -> T:
     return engine
 
 
-def load_engines(settings: Settings) -> Engines:
+def load_engines(settings: Settings, opening: Opening | None = None) -> Engines:
     """Load all four engines (blocking: seconds when the cache is warm, longer on a first run). The engine
-    settings name the models, the turn settings the end-of-turn model; the LLM reads the agent settings'
-    prompt at load."""
+    settings name the models, the turn settings the end-of-turn model; the LLM reads `opening` (what every
+    call of the default agent begins with: agent/opening.py) at load."""
     started = time.perf_counter()
     loaded: list[object] = []
     try:
         vad = _timed("vad", settings, load_vad)
         stt = _timed("stt", settings, load_stt)
         loaded.append(stt)
-        llm = _timed("llm", settings, partial(load_llm, prompt=settings))
+        llm = _timed("llm", settings, partial(load_llm, opening=opening))
         loaded.append(llm)
         tts = _timed("tts", settings, load_tts)
         turn_end = _timed("turn_end", settings, load_turn_end) if turn_model_path(settings) else None

@@ -13,6 +13,7 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,6 +31,15 @@ Tools = list[dict[str, Any]]  # OpenAI `tools` (type function, with a JSON Schem
 # conversation's other prompts have them): True, call them if it chooses; False, words only; a tuple of
 # names, it must call one of those (OpenAI's tool_choice "required", narrowed to those tools).
 Calls = bool | tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What every conversation of an agent begins with (its prompt, greeting and the tools it offers):
+    an in-process model reads it when it loads, and each call copies it (engines/llm_llamacpp.py)."""
+
+    messages: list[Message]
+    tools: Tools | None = None
 
 
 def offered(tools: Tools | None, names: tuple[str, ...]) -> Tools:

@@ -222,11 +222,12 @@ class LlamaCppLlm(LocalLlm):
             self._condition.notify()
         return request
 
-    def warm(self, messages: list[Message]) -> None:
-        """Read now, before any call, what every conversation begins with (the system prompt, the
-        greeting, the opening of the caller's first turn): each call then copies those cells (measured:
-        its first reply waited 0.4-1.4 s more without)."""
-        ids = self._chat.prompt_ids(messages, reply=False)
+    def warm(self, messages: list[Message], tools: Tools | None = None) -> None:
+        """Read now, before any call, what every conversation begins with (the system prompt and the
+        tools offered, the greeting, the opening of the caller's first turn): each call then copies those
+        cells (measured: its first reply waited 0.4-1.4 s more without; an order desk's tools, ~2 s more
+        on Qwen2.5-Coder-1.5B)."""
+        ids = self._chat.prompt_ids(messages, tools, reply=False)
         self._warm_start = ids
         opening = self._next_turn_opening
         # ... and the opening of the caller's first turn, where the template's end of a message begins it

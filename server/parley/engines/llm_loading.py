@@ -3,12 +3,10 @@ runtime that suits the device and the weights (`--llm-runtime auto`)."""
 
 from __future__ import annotations
 
-from parley.agent.manners import prompt_start
-from parley.agent_settings import AgentSettings
 from parley.engine_settings import EngineSettings
 from parley.engines.cache import PACKAGED_LLMS, llm_ct2_dir, llm_gguf, llm_hf_source
 from parley.engines.device import resolve_device
-from parley.engines.llm import LlmEngine
+from parley.engines.llm import LlmEngine, Opening
 from parley.engines.llm_ct2 import Ct2Llm
 
 
@@ -23,9 +21,9 @@ def llm_runtime(settings: EngineSettings, device: str) -> str:
     return "llamacpp" if device == "cpu" and gguf else "ctranslate2"
 
 
-def load_llm(settings: EngineSettings, *, prompt: AgentSettings | None = None) -> LlmEngine:
-    """The LLM the engine settings name. `prompt`: the agent settings whose opening (the phone manners,
-    the system prompt, the greeting) a llama.cpp model reads at load, so that no call reads it again."""
+def load_llm(settings: EngineSettings, *, opening: Opening | None = None) -> LlmEngine:
+    """The LLM the engine settings name. `opening`: what every call of the service's default agent
+    begins with (agent/opening.py), which a llama.cpp model reads at load, so that no call reads it again."""
     if settings.llm_url:
         from parley.engines.endpoint import OpenAiLlm
 
@@ -60,11 +58,8 @@ def load_llm(settings: EngineSettings, *, prompt: AgentSettings | None = None) -
             max_tokens=settings.llm_max_tokens,
             temperature=settings.llm_temperature,
         )
-        if prompt is not None and (prompt.system_prompt or prompt.phone_manners):
-            start = prompt_start(prompt.system_prompt, manners=prompt.phone_manners)
-            if prompt.greeting:
-                start.append({"role": "assistant", "content": prompt.greeting})
-            engine.warm(start)
+        if opening is not None and any(m.get("content") for m in opening.messages):
+            engine.warm(opening.messages, opening.tools)
         return engine
     if settings.llm_max_batch > 1:
         from parley.engines.llm_batching import BatchedCt2Llm
