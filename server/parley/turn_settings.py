@@ -98,7 +98,7 @@ DEFAULT_UNFINISHED_WORDS = (
 )
 
 
-# A turn that ends on a short group of digits and names one of these is likely a number read out in parts
+# A turn that names one of these and ends on a few digits is likely a number read out in parts
 # ("The order number is four seven ... one two"): its reply is held like an unfinished sentence's
 # (pipeline/unfinished.py). English, like the words above.
 DEFAULT_NUMBER_WORDS = (
@@ -174,7 +174,8 @@ class TurnSettings:
         default=DEFAULT_NUMBER_WORDS,
         metadata=_opt(
             "words that name a number being read out ('number', 'order', 'account'...): a turn that names "
-            "one and ends on a group of up to three digits is held like an unfinished sentence",
+            "one and ends on three digits or fewer, or on a group of three after others, is held like an "
+            "unfinished sentence",
             "turns",
         ),
     )

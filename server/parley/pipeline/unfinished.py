@@ -21,9 +21,10 @@ list (`DEFAULT_UNFINISHED_WORDS`, turn_settings.py) is English; `--unfinished-wo
 A number read out in parts is held the same way. Callers read an order or phone number in groups and
 pause between them ("The number is four seven ... one two"); Whisper writes the first part as a whole
 sentence ("The number is 47."), and a reply to it looks up the wrong number. A turn is held when it
-names what the number is (`--number-words`: "number", "order", "account", "phone"...) and ends on a
-group of at most three digits: in figures, or two or more digit words. A number said as one longer
-figure ("4712") is taken as whole.
+names what the number is (`--number-words`: "number", "order", "account", "phone"...) and ends on
+three digits or fewer, or on a group of three after others ("503 555"). A number of four digits or more
+that ends otherwise ("4712", or "1, 2, 3, 4" as Whisper writes one read digit by digit) is taken as
+whole, so a caller who gave it all is not kept waiting.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from parley.turn_settings import TurnSettings
 WH_WORDS = frozenset(("what", "who", "whom", "which", "where"))
 STRANDABLE = frozenset(("to", "for", "with", "about", "of"))
 WH_WITHIN = 3  # the wh-word among the first words ("So, who are you talking to?")
-GROUP_DIGITS = 3  # a number's group of at most this many digits may be followed by more ("503 555 ...")
+GROUP_DIGITS = 3  # numbers are read in groups of up to three digits ("503 555 0198")
 
 
 def looks_unfinished(text: str, words: Iterable[str]) -> bool:
@@ -55,27 +56,29 @@ def looks_unfinished(text: str, words: Iterable[str]) -> bool:
 
 
 def reads_a_number_in_part(text: str, number_words: Iterable[str]) -> bool:
-    """Whether a transcript names a number being given and stops on a short group of its digits: "My
-    order number is 47." and "The phone number is five oh three, five five five" are; "My order number
-    is 4712.", "A table for 2." and "I'll take the red one." are not."""
+    """Whether a transcript names a number being given and stops on what looks like part of it: three
+    digits or fewer in all ("My order number is 47.", "the code is five oh three"), or a group of three
+    after others ("My phone number is 503 555"). "My order number is 4712.", "order 1, 2, 3, 4",
+    "A table for 2." and "I'll take the red one." are not."""
     said = normalise_words(text).split()
     if not {word.lower() for word in number_words}.intersection(said):
         return False
-    group = _last_digit_group(said)
-    return 0 < len(group) <= GROUP_DIGITS
+    run = _trailing_digits(said)
+    last = said[-1] if run else ""
+    if not last.isdigit() and len(run) < 2:
+        return False  # a lone "one" or "oh" is seldom a number read out
+    return 0 < len(run) <= GROUP_DIGITS or (last.isdigit() and len(last) == GROUP_DIGITS)
 
 
-def _last_digit_group(said: list[str]) -> str:
-    """The digits the words end on: the last figure, or the digit words said in a row at the end (two or
-    more: a lone "one" or "oh" is seldom a number read out)."""
-    if said and said[-1].isdigit():
-        return said[-1]
-    spoken = ""
+def _trailing_digits(said: list[str]) -> str:
+    """The digits the words end on, however they were grouped or said ("47", "503 555", "four seven")."""
+    run = ""
     for word in reversed(said):
-        if word not in DIGIT_WORDS:
+        digits = word if word.isdigit() else DIGIT_WORDS.get(word)
+        if digits is None:
             break
-        spoken = DIGIT_WORDS[word] + spoken
-    return spoken if len(spoken) >= 2 else ""
+        run = digits + run
+    return run
 
 
 def _last_word(text: str) -> str:
