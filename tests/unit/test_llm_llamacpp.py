@@ -425,6 +425,8 @@ def test_the_system_prompt_is_read_at_load_and_the_engine_closes_cleanly() -> No
         "".join(engine.stream(HELLO, never))
 
 
+# Hashes the packaged model's folder (~8 s): make test-all, for the default suite's 12 minutes.
+@pytest.mark.slow
 def test_llama_cpp_takes_packaged_models_and_local_gguf_files_only(tmp_path: Path) -> None:
     cache = Settings().resolved_cache_dir()
     gguf, tokenizer = llm_gguf(cache, "smollm2-135m")
@@ -554,6 +556,8 @@ def test_a_reply_may_end_its_sentence_where_an_earlier_reply_ended_one(llm: Llam
     assert reply.strip() == "A dog has four legs.", reply
 
 
+# gguf's reader parses the whole vocabulary (~9 s): make test-all, for the default suite's 12 minutes.
+@pytest.mark.slow
 def test_the_packaged_qwen_runs_on_q4_0_layers_and_output_beside_its_own_embeddings() -> None:
     # llama.cpp repacks Q4_0 rows for the CPU's vector units; the packaged file's Q5_0, Q8_0 and K-quants
     # stay plain. The token embeddings, only looked up, keep the packaged file's own type.
