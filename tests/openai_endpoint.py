@@ -3,7 +3,8 @@
 It speaks the real wire protocol (POST /v1/chat/completions, streamed `data:` events with `delta.content`
 and `delta.tool_calls` pieces), so parley's endpoint client is exercised for real; what it answers
 follows a few rules in place of a model:
-- a question about an order, with `lookup_order` offered -> a `lookup_order` call with the digits heard;
+- a question about an order, with `lookup_order` offered -> a `lookup_order` call with the digits heard
+  (and so whatever was asked, when `tool_choice` names `lookup_order`);
 - a tool result as the last message -> a sentence built from it;
 - goodbye, with `end_call` offered -> "Goodbye, thank you for calling." and an `end_call` call;
 - a request for a person, with `transfer` offered -> a `transfer` call to its first destination;
@@ -55,9 +56,17 @@ def answer(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield {"content": f"Your order has {result.get('status', 'an unknown status')}"}
         yield {"content": f" and arrives on {result.get('eta', 'a day I do not know')}."}
         return
-    if "order" in text and "lookup_order" in offered:
+    # Made to call `lookup_order` (tool_choice, as parley's reply guard asks for a caller's number), it
+    # calls it with the digits of the caller's last words, as a model held to that tool would.
+    choice = request.get("tool_choice")
+    forced = isinstance(choice, dict) and choice.get("function", {}).get("name") == "lookup_order"
+    if forced:
+        said = [str(m.get("content") or "") for m in messages if m.get("role") == "user"]
+        text = said[-1].lower() if said else ""
+    if ("order" in text or forced) and "lookup_order" in offered:
         number = digits_in(text) or "unknown"
-        yield {"content": "Let me check."}
+        if not forced:
+            yield {"content": "Let me check."}
         arguments = json.dumps({"number": number})
         yield {
             "tool_calls": [

@@ -4,6 +4,7 @@ cancelled."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from parley import metrics
 from parley.agent.agentfile import Agent
 from parley.call import Call
 from parley.config import Settings
+from parley.engines.endpoint import OpenAiLlm
 from parley.engines.llm import Message
 from parley.engines.toolcalls import ToolCall
 from parley.pipeline.reply_guard import (
@@ -26,6 +28,7 @@ from parley.pipeline.reply_guard import (
     guarded_stream,
 )
 from tests.doubles import ScriptedLlm, ScriptedStt, loud, make_engines, quiet
+from tests.openai_endpoint import ScriptedEndpoint
 from tests.unit.test_call import RATE, Line
 
 BOOK = "Can you recommend a good book to read?"
@@ -413,3 +416,19 @@ def test_a_lookup_with_the_whole_number_and_a_small_one_beside_it_goes_out() -> 
     llm = ScriptedLlm(token_s=0.0, script=[[both]])
     question = ask("Where is my order? The number is 4712.")
     assert list(guarded_stream(llm, question, lambda: False, ORDER_TOOLS, lookups=LOOKUPS)) == [both]
+
+
+def test_behind_an_endpoint_a_number_heard_without_the_word_order_is_looked_up() -> None:
+    # Whisper heard "order" as "other": the endpoint's model answered without a call, and the guard asked
+    # again with tool_choice naming the lookup (tests/openai_endpoint.py heeds it, as a server must).
+    with ScriptedEndpoint() as endpoint:
+        llm = OpenAiLlm(endpoint.url)
+        question = ask("Hi, where is my other? The number is 4712.")
+        given = list(guarded_stream(llm, question, lambda: False, ORDER_TOOLS, lookups=LOOKUPS))
+        assert endpoint.requests[1]["tool_choice"] == {
+            "type": "function",
+            "function": {"name": "lookup_order"},
+        }
+    calls = [d for d in given if isinstance(d, ToolCall)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("lookup_order", {"number": "4712"})]
+    assert not [d for d in given if not isinstance(d, ToolCall)]  # the first reply's words are not heard
