@@ -8,15 +8,13 @@ recording fails rather than its file waiting on disk without end.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from parley.log import event
+from parley.queue_worker import QueueWorker
 from parley.recording.call_recording import CallRecording
 from parley.recording.stores import RecordingStore
 
@@ -37,53 +35,32 @@ class RecordingSaver:
     def __init__(self, store: RecordingStore, retention_days: float) -> None:
         self.store = store
         self.retention_s = retention_days * 86400.0
-        self._queue: queue.Queue[_File | None] = queue.Queue(maxsize=QUEUE_FILES)
-        self._thread = threading.Thread(target=self._run, name="recordings-store", daemon=True)
-        self._started = threading.Lock()
+        self._worker: QueueWorker[_File] = QueueWorker(
+            "recordings-store",
+            self._store,
+            maxsize=QUEUE_FILES,
+            wake_s=IDLE_WAKE_S,
+            periodic=self._purge_if_due,
+        )
         self._next_purge = 0.0
 
     def start(self) -> None:
-        with self._started:
-            if not self._thread.is_alive() and self._thread.ident is None:
-                self._thread.start()
+        self._worker.start()
 
     def close(self, timeout: float) -> None:
         """Store what is queued for up to `timeout` seconds, then stop (blocking)."""
-        if not self._thread.is_alive():
-            return
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=timeout)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            event(log, "recordings_not_stored", logging.WARNING, waiting=self._queue.qsize())
+        if not self._worker.close(timeout):
+            event(log, "recordings_not_stored", logging.WARNING, waiting=self._worker.pending())
 
     def save(self, recording: CallRecording, path: Path) -> None:
         """Queue a finished file (never blocks)."""
-        try:
-            self._queue.put_nowait(_File(recording, path))
-        except queue.Full:
-            path.unlink(missing_ok=True)
-            if recording.settle("failed"):
-                event(
-                    log,
-                    "recording_failed",
-                    logging.WARNING,
-                    call_id=recording.call_id,
-                    error="store queue full",
-                )
-
-    def _run(self) -> None:
-        self._purge_if_due()
-        while True:
-            try:
-                item = self._queue.get(timeout=IDLE_WAKE_S)
-            except queue.Empty:
-                self._purge_if_due()
-                continue
-            if item is None:
-                return
-            self._store(item)
-            self._purge_if_due()
+        if self._worker.offer(_File(recording, path)):
+            return
+        path.unlink(missing_ok=True)
+        if recording.settle("failed"):
+            event(
+                log, "recording_failed", logging.WARNING, call_id=recording.call_id, error="store queue full"
+            )
 
     def _store(self, item: _File) -> None:
         recording = item.recording

@@ -17,8 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ import soundfile
 
 from parley.audio import StreamResampler
 from parley.log import event
+from parley.queue_worker import QueueWorker
 from parley.recording.call_recording import SETTLED, CallRecording, Piece
 from parley.recording.formats import RATE
 from parley.recording.stores import private_folder
@@ -72,78 +71,57 @@ class RecordingWriter:
     def __init__(self, spool: Spool, save: Save, *, queue_size: int = QUEUE_PIECES, name: str = "") -> None:
         self._spool = spool  # where a recording's file is written before it is stored
         self._save = save  # hands a finished file to the store
-        self._queue: queue.Queue[Piece | _Finish | None] = queue.Queue(maxsize=queue_size)
         self._open: dict[int, _Open] = {}
-        self._thread = threading.Thread(target=self._run, name=name or "recordings-writer", daemon=True)
-        self._started = threading.Lock()
+        self._worker: QueueWorker[Piece | _Finish] = QueueWorker(
+            name or "recordings-writer",
+            self._take,
+            maxsize=queue_size,
+            wake_s=SWEEP_EVERY_S,
+            periodic=self._sweep_if_due,
+            at_end=self._finish_all,
+        )
         self._swept_at = 0.0
-        self._stop_queued = False
 
     def start(self) -> None:
-        with self._started:
-            if not self._thread.is_alive() and self._thread.ident is None:
-                self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
         """Ask the thread to finish every recording still open and end, after what is queued (never
         blocks; `close` waits for it)."""
-        if self._thread.is_alive() and not self._stop_queued:
-            with contextlib.suppress(queue.Full):
-                self._queue.put_nowait(None)
-                self._stop_queued = True
+        self._worker.stop()
 
     def close(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Finish every recording still open and stop (blocking; waits up to `timeout`)."""
-        if not self._thread.is_alive():
-            return
-        if not self._stop_queued:
-            try:
-                self._queue.put(None, timeout=timeout)
-            except queue.Full:
-                return
-            self._stop_queued = True
-        self._thread.join(timeout)
+        self._worker.close(timeout)
 
     # the taps' side (the transports' threads; never blocks)
 
     def offer(self, piece: Piece) -> bool:
-        try:
-            self._queue.put_nowait(piece)
-        except queue.Full:
-            return False
-        return True
+        return self._worker.offer(piece)
 
     def finish(self, recording: CallRecording) -> bool:
-        try:
-            self._queue.put_nowait(_Finish(recording))
-        except queue.Full:
-            return False
-        return True
+        return self._worker.offer(_Finish(recording))
 
     # the writer's thread
 
-    def _run(self) -> None:
-        while True:
-            try:
-                item = self._queue.get(timeout=SWEEP_EVERY_S)
-            except queue.Empty:
-                self._sweep()
-                continue
-            if item is None:
-                for open_ in list(self._open.values()):
-                    self._finish(open_)
-                return
-            try:
-                if isinstance(item, _Finish):
-                    finishing = self._open.get(id(item.recording))
-                    if finishing is not None:
-                        self._finish(finishing)
-                else:
-                    self._add(item)
-            except Exception as exc:
-                self._fail(item.recording, exc)
-            if time.monotonic() - self._swept_at >= SWEEP_EVERY_S:
-                self._sweep()
+    def _take(self, item: Piece | _Finish) -> None:
+        try:
+            if isinstance(item, _Finish):
+                finishing = self._open.get(id(item.recording))
+                if finishing is not None:
+                    self._finish(finishing)
+            else:
+                self._add(item)
+        except Exception as exc:
+            self._fail(item.recording, exc)
+
+    def _finish_all(self) -> None:
+        for open_ in list(self._open.values()):
+            self._finish(open_)
+
+    def _sweep_if_due(self) -> None:
+        if time.monotonic() - self._swept_at >= SWEEP_EVERY_S:
+            self._sweep()
 
     def _add(self, piece: Piece) -> None:
         recording = piece.recording

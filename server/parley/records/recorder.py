@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import queue
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -21,6 +19,7 @@ from typing import Any, TypeVar
 from parley import metrics
 from parley.call import Call
 from parley.log import event
+from parley.queue_worker import QueueWorker
 from parley.records.database import Database, DatabaseError, Reconnecting
 from parley.records.schema import migrate
 from parley.records.store import AfterCall, CallInfo, RecordStore
@@ -67,11 +66,16 @@ class CallRecords:
         self.keep_text = keep_text
         self.retention_s = retention_days * 86400.0
         self.instance = instance or socket.gethostname()
-        self._queue: queue.Queue[Write | None] = queue.Queue(maxsize=queue_size)
         self._watching: dict[str, tuple[Callable[[], None], Iterator[int]]] = {}
         self._writer: RecordStore | None = None
         self._reader: Reconnecting[RecordStore] = Reconnecting(self._store, _close_store)
-        self._thread = threading.Thread(target=self._run, name="records-writer", daemon=True)
+        self._worker: QueueWorker[Write] = QueueWorker(
+            "records-writer",
+            self._write,
+            maxsize=queue_size,
+            wake_s=IDLE_WAKE_S,
+            periodic=self._housekeeping,
+        )
         self._next_purge = 0.0
         self._next_beat = 0.0
         self._failures = 0
@@ -86,8 +90,8 @@ class CallRecords:
         self._writer = writer
         self._purge_if_due()
         self._watch_fleet_if_due()
-        metrics.QUEUE_DEPTH.labels(stage="records").set_function(self._queue.qsize)
-        self._thread.start()
+        metrics.QUEUE_DEPTH.labels(stage="records").set_function(self._worker.pending)
+        self._worker.start()
         event(log, "records_open", database=writer.db.kind, schema=version, closed_lost=lost)
 
     def close(self) -> None:
@@ -95,9 +99,7 @@ class CallRecords:
         for unwatch, _ in list(self._watching.values()):
             unwatch()
         self._watching.clear()
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join(STOP_TIMEOUT_S)
+        self._worker.close(STOP_TIMEOUT_S)
         if self._writer is not None:
             with contextlib.suppress(DatabaseError):
                 self._writer.leave()
@@ -146,7 +148,7 @@ class CallRecords:
         return self._read(lambda store: store.get(call_id))
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        return self._worker.pending()
 
     # internals
 
@@ -154,27 +156,15 @@ class CallRecords:
         return RecordStore(self._connect(), keep_text=self.keep_text, instance=self.instance)
 
     def _put(self, write: Write) -> None:
-        try:
-            self._queue.put_nowait(write)
-        except queue.Full:
+        if not self._worker.offer(write):
             metrics.RECORD_EVENTS_DROPPED_TOTAL.labels(reason="queue_full").inc()
 
     def _read(self, query: Callable[[RecordStore], T]) -> T:
         return self._reader.run(query)
 
-    def _run(self) -> None:
-        while True:
-            try:
-                write = self._queue.get(timeout=IDLE_WAKE_S)
-            except queue.Empty:
-                self._purge_if_due()
-                self._watch_fleet_if_due()
-                continue
-            if write is None:
-                return
-            self._write(write)
-            self._purge_if_due()
-            self._watch_fleet_if_due()
+    def _housekeeping(self) -> None:
+        self._purge_if_due()
+        self._watch_fleet_if_due()
 
     def _write(self, write: Write) -> None:
         try:
