@@ -5,7 +5,7 @@ JUnit XML and an HTML report with the call's timeline are written.
 
 The speech models are the real ones; the LLM is the scripted endpoint of the agent tests
 (tests/openai_endpoint.py), so what the agent says is known and the test is about `parley test`.
-The example suite against the default models is in test_parley_test_examples.py (make test-all).
+The example suite against the default models is in test_parley_test_examples.py; both run in make test-all.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import asyncio
 from html.parser import HTMLParser
 from pathlib import Path
 from xml.etree import ElementTree
+
+import pytest
 
 from parley.cli import main
 from tests.openai_endpoint import ScriptedEndpoint
@@ -68,6 +70,9 @@ class Svgs(HTMLParser):
         self.svgs += tag == "svg"
 
 
+# ~28 s, the default suite's longest: make test-all runs it, beside the examples over every transport
+# (test_parley_test_examples.py); the scenario files, checks and reports have unit tests of their own.
+@pytest.mark.slow
 async def test_parley_test_runs_scenarios_over_sip_and_reports_what_failed_where(tmp_path: Path) -> None:
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()
