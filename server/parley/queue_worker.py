@@ -49,9 +49,6 @@ class QueueWorker(Generic[T]):
             if self._thread.ident is None:
                 self._thread.start()
 
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
     def pending(self) -> int:
         return self._queue.qsize()
 

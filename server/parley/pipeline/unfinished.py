@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from parley.text import DIGIT_WORDS, normalise_words
+from parley.text import DIGIT_WORDS, digit_runs, normalise_words
 from parley.turn_settings import TurnSettings
 
 # A question that opens with one of these may end on its preposition ("Who are you talking to?", "What
@@ -63,22 +63,13 @@ def reads_a_number_in_part(text: str, number_words: Iterable[str]) -> bool:
     said = normalise_words(text).split()
     if not {word.lower() for word in number_words}.intersection(said):
         return False
-    run = _trailing_digits(said)
-    last = said[-1] if run else ""
+    last = said[-1]
+    if not (last.isdigit() or last in DIGIT_WORDS):
+        return False  # the words go on past the last number
+    run = digit_runs(text)[-1]  # the digits they end on, however grouped or said
     if not last.isdigit() and len(run) < 2:
         return False  # a lone "one" or "oh" is seldom a number read out
-    return 0 < len(run) <= GROUP_DIGITS or (last.isdigit() and len(last) == GROUP_DIGITS)
-
-
-def _trailing_digits(said: list[str]) -> str:
-    """The digits the words end on, however they were grouped or said ("47", "503 555", "four seven")."""
-    run = ""
-    for word in reversed(said):
-        digits = word if word.isdigit() else DIGIT_WORDS.get(word)
-        if digits is None:
-            break
-        run = digits + run
-    return run
+    return len(run) <= GROUP_DIGITS or (last.isdigit() and len(last) == GROUP_DIGITS)
 
 
 def _last_word(text: str) -> str:
